@@ -1,0 +1,191 @@
+// Package actor runs a goroutine that alone owns some state and is fed typed
+// messages through a buffered mailbox.
+//
+// An [Actor] is the smallest piece of the tenace lock manager: one goroutine,
+// one mailbox, one handler. The handler is called with the messages in
+// batches: the loop blocks for the first message, then takes whatever else is
+// already queued (up to a limit) without blocking, so a burst from many
+// senders costs the loop one wake-up instead of one per message, and the
+// handler can do its per-batch work (publishing counters, delivering replies)
+// once per batch.
+//
+// Concurrency: the state the handler touches is owned by the loop goroutine;
+// nothing else may read or write it. Senders only ever touch the mailbox
+// channel. There is no mutex anywhere in this package: the mailbox is the only
+// point of synchronisation, and Stop is a handshake over two channels.
+//
+// Stopping: [Actor.Stop] asks the loop to exit and waits until it has; it is
+// idempotent and safe from any goroutine but the loop itself. After Stop has
+// been called, [Actor.Send] fails at once with [ErrStopped] instead of
+// blocking. A message that a sender enqueued while the loop was stopping may
+// never be handled: a sender that waits for a reply must also wait on
+// [Actor.Done] (see [Actor.Done] for the pattern).
+package actor
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+)
+
+// ErrStopped is returned by [Actor.Send] once [Actor.Stop] has been called.
+var ErrStopped = errors.New("actor: stopped")
+
+// DefaultMailbox is the mailbox capacity used when [Options.Mailbox] is 0.
+//
+// Why 1024: a lock manager sees at most a couple of messages in flight per
+// caller goroutine (an acquire and a release), so 1024 slots absorb bursts from
+// hundreds of goroutines without parking a sender, while the buffer stays
+// small (tens of KiB per actor for the message types used here) and still
+// applies back-pressure when the loop really is behind.
+const DefaultMailbox = 1024
+
+// DefaultBatch is the most messages handed to the handler at once when
+// [Options.Batch] is 0. A cap keeps one batch's reply latency bounded when
+// senders keep the mailbox full.
+const DefaultBatch = 256
+
+// Options configures an [Actor]. The zero value gives the defaults.
+type Options[M any] struct {
+	// Mailbox is the mailbox capacity; 0 means DefaultMailbox.
+	Mailbox int
+	// Batch is the largest batch given to the handler; 0 means DefaultBatch.
+	Batch int
+	// OnStop, if set, runs on the loop goroutine after the last batch, just
+	// before Done is closed: the place to fail whoever still waits on state
+	// the loop owns.
+	OnStop func()
+	// Go starts the loop goroutine; nil means a plain go statement. It lets
+	// a caller give its long-lived loops a recognisable frame on their stack
+	// (goleak filters goroutines by function name).
+	Go func(loop func())
+}
+
+// Actor is a goroutine that owns some state and handles typed messages from a
+// buffered mailbox in batches. Create it with [Start].
+type Actor[M any] struct {
+	mailbox  chan M
+	stopping chan struct{} // closed by the first Stop
+	done     chan struct{} // closed when the loop has returned
+	stopped  atomic.Bool   // set by the first Stop, so that close happens once
+
+	// Owned by the loop goroutine.
+	handle func(batch []M)
+	onStop func()
+	batch  []M
+}
+
+// Start starts an actor whose loop calls handle with each batch of messages.
+// handle runs on the loop goroutine only; the batch slice is reused after
+// handle returns, so handle must not keep it.
+func Start[M any](handle func(batch []M), opts Options[M]) *Actor[M] {
+	if handle == nil {
+		panic("tenace: actor.Start: nil handler")
+	}
+	if opts.Mailbox < 0 || opts.Batch < 0 {
+		panic("tenace: actor.Start: negative Mailbox or Batch")
+	}
+	if opts.Mailbox == 0 {
+		opts.Mailbox = DefaultMailbox
+	}
+	if opts.Batch == 0 {
+		opts.Batch = DefaultBatch
+	}
+	a := &Actor[M]{
+		mailbox:  make(chan M, opts.Mailbox),
+		stopping: make(chan struct{}),
+		done:     make(chan struct{}),
+		handle:   handle,
+		onStop:   opts.OnStop,
+		batch:    make([]M, 0, opts.Batch),
+	}
+	if opts.Go != nil {
+		opts.Go(a.loop)
+	} else {
+		go a.loop()
+	}
+	return a
+}
+
+func (a *Actor[M]) loop() {
+	defer close(a.done)
+	for {
+		// Arm both cases; whichever is ready first wins. Once stopping is
+		// closed the loop exits at its next turn even if senders keep the
+		// mailbox busy.
+		select {
+		case m := <-a.mailbox:
+			a.batch = append(a.batch[:0], m)
+		drain:
+			for len(a.batch) < cap(a.batch) {
+				select {
+				case m := <-a.mailbox:
+					a.batch = append(a.batch, m)
+				default:
+					break drain
+				}
+			}
+			a.handle(a.batch)
+			clear(a.batch) // drop references so the GC can take them
+		case <-a.stopping:
+			if a.onStop != nil {
+				a.onStop()
+			}
+			return
+		}
+	}
+}
+
+// Send enqueues m. It returns nil once m is in the mailbox; [ErrStopped] at
+// once when Stop has been called; ctx's error when ctx ends while the mailbox
+// is full. It blocks only while the mailbox is full.
+func (a *Actor[M]) Send(ctx context.Context, m M) error {
+	// Check stopping first: a select between a ready mailbox and a closed
+	// stopping channel picks at random, and a send after Stop must fail.
+	select {
+	case <-a.stopping:
+		return ErrStopped
+	default:
+	}
+	select {
+	case a.mailbox <- m:
+		return nil
+	default:
+	}
+	select {
+	case a.mailbox <- m:
+		return nil
+	case <-a.stopping:
+		return ErrStopped
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Done returns a channel that is closed once the loop has returned (after
+// OnStop). A sender waiting for a reply selects on it too, and on seeing it
+// closed checks its reply channel once more without blocking, because the loop
+// may have replied just before it stopped:
+//
+//	select {
+//	case r := <-reply:
+//		use(r)
+//	case <-a.Done():
+//		select {
+//		case r := <-reply:
+//			use(r)
+//		default:
+//			// stopped without replying
+//		}
+//	}
+func (a *Actor[M]) Done() <-chan struct{} { return a.done }
+
+// Stop asks the loop to exit and waits until it has. It is idempotent and may
+// be called from any goroutine except the loop's own (from the handler it
+// would wait for itself forever).
+func (a *Actor[M]) Stop() {
+	if a.stopped.CompareAndSwap(false, true) {
+		close(a.stopping)
+	}
+	<-a.done
+}

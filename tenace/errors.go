@@ -1,0 +1,58 @@
+package tenace
+
+import (
+	"errors"
+	"fmt"
+
+	"tenace.dev/tenace/policy"
+)
+
+// ErrMissingKey is returned when a Lock has no key: neither LockOptions.Key
+// nor the execution's key (WithKey) is set. Nothing runs.
+var ErrMissingKey = errors.New("tenace: no lock key: set LockOptions.Key, or pass tenace.WithKey(key) to Execute")
+
+// ErrProviderClosed is returned by a MemoryLockProvider's Acquire once the
+// provider is closed, and to every waiter queued when Close was called.
+// Through a Lock it arrives wrapped in an *UnexpectedError.
+var ErrProviderClosed = errors.New("tenace: the lock provider is closed; create a new one, or use DefaultLockProvider()")
+
+// ErrInvalidOption is wrapped by the errors that report an option out of its
+// range (LockOptions.Timeout below zero other than NoWait, a negative TTL, a
+// WithTimeout duration that is not positive); the message names the option.
+// Nothing runs.
+var ErrInvalidOption = policy.ErrInvalidOption
+
+// errDefaultClose is returned by Close on the default provider.
+var errDefaultClose = errors.New("tenace: DefaultLockProvider() lives as long as the process and cannot be closed; close only providers you created with NewMemoryLockProvider")
+
+// LockNotAcquiredError is returned, as *LockNotAcquiredError, when a Lock
+// did not get its key within LockOptions.Timeout (or at once with NoWait).
+// fn did not run. It is not returned when the context ended first: then the
+// context's error is.
+type LockNotAcquiredError struct {
+	// Key is the lock key.
+	Key string
+}
+
+func (e *LockNotAcquiredError) Error() string {
+	return fmt.Sprintf("tenace: lock %q not acquired within its timeout: another call holds it; retry later or raise LockOptions.Timeout", e.Key)
+}
+
+// UnexpectedError is returned, as *UnexpectedError, when the lock provider
+// failed to acquire: Redis unreachable, the provider closed (it wraps
+// ErrProviderClosed), and so on. fn did not run. errors.Is and errors.As
+// reach the cause.
+type UnexpectedError struct {
+	Err error
+}
+
+func (e *UnexpectedError) Error() string {
+	return "tenace: the lock provider failed, so the work did not run: " + e.Err.Error()
+}
+
+// Unwrap returns the provider's error.
+func (e *UnexpectedError) Unwrap() error { return e.Err }
+
+func invalidOption(option string, d any, want string) error {
+	return fmt.Errorf("%w: %s is %v; %s", ErrInvalidOption, option, d, want)
+}

@@ -1,0 +1,181 @@
+package tenace
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"tenace.dev/tenace/policy"
+)
+
+// LockOptions configures a Lock. The zero value locks the execution key on
+// the default provider and waits as long as the context allows.
+type LockOptions struct {
+	// Provider hands out the locks; nil means DefaultLockProvider(), shared
+	// by every Lock without one.
+	Provider LockProvider
+	// Key is the lock key; "" means the execution key (WithKey). One of the
+	// two is required.
+	Key string
+	// Timeout is the longest time to wait for the lock: 0 waits as long as
+	// the context allows; NoWait tries once. Other negative values are
+	// invalid.
+	Timeout time.Duration
+	// TTL is the longest time the lock is held, for providers whose locks
+	// expire (distributed ones); 0 means the provider's default. Negative is
+	// invalid.
+	TTL time.Duration
+}
+
+// Lock is the step that runs the steps added before it, and fn, while
+// holding a lock on a key, so that calls with the same key run one at a
+// time. Create it with NewLock, or add it with Policy.WithLock.
+//
+//	lock := tenace.NewLock(tenace.LockOptions{Key: "reports", Timeout: 5 * time.Second})
+//	p := tenace.NewPolicy().WithTimeout(time.Minute).With(lock)
+//	err := p.Execute(ctx, buildReport)
+//
+// The key is LockOptions.Key, else the execution key; with neither, the call
+// returns ErrMissingKey and nothing runs. Then the Lock asks the provider:
+//   - granted: it emits EventLockAcquired, runs the inner steps with a
+//     context from which LeaseFrom returns the lease, and releases the lock
+//     when they return — normally, with an error, or by panic (the panic
+//     goes on up) — then emits EventLockReleased. The release gets a context
+//     that is not cancelled, so that a distributed release still reaches its
+//     server, and a failure to release is ignored: a distributed lock expires
+//     on its own, and the work is done.
+//   - not granted within Timeout: it emits EventLockRejected and returns
+//     *LockNotAcquiredError.
+//   - the context ended while waiting: the call leaves the queue and returns
+//     the context's error; fn does not run, even if the lock was granted at
+//     that moment (the grant is released at once).
+//   - the provider failed: *UnexpectedError wrapping its error.
+//
+// Locks are not reentrant. A call that waits for a key it already holds —
+// such as a nested policy locking the same execution key — waits for itself:
+// until its Timeout, or forever without one. Give nested locks distinct keys.
+//
+// A Lock is safe for concurrent use; one Lock can serve any number of calls
+// and policies.
+type Lock struct {
+	opts LockOptions
+}
+
+var _ policy.Strategy = (*Lock)(nil)
+
+// NewLock returns a Lock step. Options out of range are reported by each
+// call, as an error wrapping ErrInvalidOption, rather than here.
+func NewLock(opts LockOptions) *Lock { return &Lock{opts: opts} }
+
+type leaseKey struct{}
+
+// LeaseFrom returns, inside fn (or an inner step), the lease held by the
+// nearest enclosing Lock, for instance to read its fencing token:
+//
+//	if l, ok := tenace.LeaseFrom(ctx); ok {
+//		if f, ok := l.(tenace.FencedLease); ok {
+//			write(ctx, f.Token(), data)
+//		}
+//	}
+//
+// fn must not release the lease: the Lock does.
+func LeaseFrom(ctx context.Context) (LockLease, bool) {
+	l, ok := ctx.Value(leaseKey{}).(LockLease)
+	return l, ok
+}
+
+// heldCtx is the context the inner steps run with while a Lock holds its
+// lease: the parent context plus the lease, in one allocation that also
+// holds a MemoryLockProvider's lease, so that a lock step costs one
+// allocation per call on the memory provider.
+type heldCtx struct {
+	context.Context
+	lease LockLease
+	mem   memoryLease
+}
+
+func (c *heldCtx) Value(key any) any {
+	if _, ok := key.(leaseKey); ok {
+		return c.lease
+	}
+	return c.Context.Value(key)
+}
+
+func (l *Lock) validate() error {
+	if l.opts.Timeout < 0 && l.opts.Timeout != NoWait {
+		return invalidOption("LockOptions.Timeout", l.opts.Timeout, "use a positive duration, 0 to wait as long as the context allows, or NoWait")
+	}
+	if l.opts.TTL < 0 {
+		return invalidOption("LockOptions.TTL", l.opts.TTL, "use a positive duration, or 0 for the provider's default")
+	}
+	return nil
+}
+
+// Run implements policy.Strategy.
+func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) error {
+	key := l.opts.Key
+	if key == "" {
+		key = x.Key()
+	}
+	if key == "" {
+		return ErrMissingKey
+	}
+	if err := l.validate(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	provider := l.opts.Provider
+	if provider == nil {
+		provider = DefaultLockProvider()
+	}
+	opts := LockAcquireOptions{Timeout: l.opts.Timeout, TTL: l.opts.TTL, Clock: x.Clock()}
+
+	var held *heldCtx
+	var err error
+	if mp, ok := provider.(*MemoryLockProvider); ok {
+		held = &heldCtx{Context: ctx}
+		var granted bool
+		if granted, err = mp.acquire(ctx, key, opts, &held.mem); granted {
+			held.lease = &held.mem
+		}
+	} else {
+		var lease LockLease
+		if lease, err = provider.Acquire(ctx, key, opts); lease != nil {
+			held = &heldCtx{Context: ctx, lease: lease}
+		}
+	}
+	if err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+			return err
+		}
+		return &UnexpectedError{Err: err}
+	}
+	if held == nil || held.lease == nil {
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return ctxErr // a provider may report a ctx that ended as "not granted"
+		}
+		x.Emit(Event{Name: EventLockRejected, Key: key})
+		return &LockNotAcquiredError{Key: key}
+	}
+	if err := ctx.Err(); err != nil {
+		// The grant landed as the context ended: the call was still waiting
+		// when it was cancelled, so fn must not run, and the grant goes back.
+		_ = held.lease.Release(context.WithoutCancel(ctx))
+		return err
+	}
+	// Released in a defer, so that a panic in fn, in an inner step or in a
+	// listener of the acquired event does not leak the lock.
+	defer release(ctx, x, key, held.lease)
+	x.Emit(Event{Name: EventLockAcquired, Key: key})
+	return next.Run(held)
+}
+
+func release(ctx context.Context, x policy.Execution, key string, lease LockLease) {
+	if ctx.Err() != nil {
+		ctx = context.WithoutCancel(ctx)
+	}
+	_ = lease.Release(ctx) // ignored: see Lock
+	x.Emit(Event{Name: EventLockReleased, Key: key})
+}

@@ -1,0 +1,261 @@
+package tenace
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"tenace.dev/tenace/policy"
+	"tenace.dev/tenace/shard"
+)
+
+// MemoryLockProvider is the in-process LockProvider: one holder per key,
+// granted in arrival order, inside the process.
+//
+// Keys hash with xxhash to N shard goroutines (see package shard). Each shard
+// goroutine alone owns its keys' holders and FIFO wait queues; acquire,
+// cancel and release reach it as messages on its buffered mailbox, and grants
+// come back on per-waiter reply channels. No mutex, semaphore or spin lock
+// guards the lock state: the shard goroutine is its only owner.
+//
+// Guarantees:
+//   - Mutual exclusion: at most one lease per key is live at a time.
+//   - Order: a Release happens before the Acquire it lets through returns,
+//     in the sense of the Go memory model (as sync.Mutex's Unlock
+//     synchronizes before the next Lock): what the holder wrote is visible to
+//     the next holder.
+//   - Fairness: waiters are granted in arrival order, the order in which the
+//     shard receives the acquire messages. Exceptions: a NoWait acquire never
+//     queues (it cannot overtake a waiter, it only fails); a waiter that gives
+//     up leaves the queue; a grant that lands as its waiter gives up passes at
+//     once to the next waiter.
+//   - No leak: when Acquire returns no lease (timeout, ctx ended, closed),
+//     the key is left as if it had never been asked for, even when the grant
+//     raced the give-up ("abort during grant", see package shard).
+//   - Tokens: leases are FencedLeases; a key's tokens strictly increase.
+//   - Size is exact once the shards have applied every queued message, and 0
+//     when idle: an idle key has no entry.
+//
+// Locks are not reentrant: an Acquire of a key the caller already holds
+// waits for the caller itself, until its timeout, or forever without one.
+//
+// A MemoryLockProvider is safe for concurrent use. Create it with
+// NewMemoryLockProvider and Close it when done; or share the process-wide
+// DefaultLockProvider().
+type MemoryLockProvider struct {
+	group     *shard.Group
+	closed    atomic.Bool
+	isDefault bool
+	timers    sync.Pool // *time.Timer, stopped; per provider, like the shard's waiters
+}
+
+var _ LockProvider = (*MemoryLockProvider)(nil)
+
+// MemoryOption configures NewMemoryLockProvider.
+type MemoryOption interface {
+	apply(*memoryConfig)
+}
+
+type memoryConfig struct {
+	shards   int
+	onQueued func(key string)
+	spawn    func(loop func())
+}
+
+type memoryOptionFunc func(*memoryConfig)
+
+func (f memoryOptionFunc) apply(c *memoryConfig) { f(c) }
+
+// WithShards sets the number of shard goroutines. The default is
+// runtime.GOMAXPROCS(0) at creation: a shard goroutine is the serial point of
+// its keys, so one per P lets every P run one, and more than that only adds
+// goroutines for the scheduler to juggle (measurements in bench/README.md).
+// More shards spread unrelated keys further; one shard gives a single FIFO
+// order over all keys. It panics if n < 1.
+func WithShards(n int) MemoryOption {
+	if n < 1 {
+		panic("tenace: WithShards: n must be at least 1")
+	}
+	return memoryOptionFunc(func(c *memoryConfig) { c.shards = n })
+}
+
+// withQueuedHook is for tests: fn runs on the shard goroutine each time an
+// acquire queues, after the shard published its size (see shard.Options).
+func withQueuedHook(fn func(key string)) MemoryOption {
+	return memoryOptionFunc(func(c *memoryConfig) { c.onQueued = fn })
+}
+
+// NewMemoryLockProvider starts a provider and its shard goroutines. Close it
+// to stop them.
+func NewMemoryLockProvider(opts ...MemoryOption) *MemoryLockProvider {
+	cfg := memoryConfig{shards: runtime.GOMAXPROCS(0)}
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	return &MemoryLockProvider{group: shard.NewGroup(shard.Options{
+		Shards:   cfg.shards,
+		OnQueued: cfg.onQueued,
+		Go:       cfg.spawn,
+	})}
+}
+
+var defaultProvider = sync.OnceValue(func() *MemoryLockProvider {
+	p := NewMemoryLockProvider(memoryOptionFunc(func(c *memoryConfig) {
+		c.spawn = func(loop func()) { go defaultProviderLoop(loop) }
+	}))
+	p.isDefault = true
+	return p
+})
+
+// defaultProviderLoop is the frame that names the default provider's shard
+// goroutines on their stacks. Tests that use the default provider and
+// goleak ignore them with
+//
+//	goleak.IgnoreAnyFunction("tenace.dev/tenace.defaultProviderLoop")
+//
+//go:noinline
+func defaultProviderLoop(loop func()) { loop() }
+
+// DefaultLockProvider returns the process-wide MemoryLockProvider, created on
+// first use, that every Lock without a Provider shares: two policies that lock
+// the same key without naming a provider exclude each other. It lives as long
+// as the process; Close on it is refused. Do not use it inside a
+// testing/synctest bubble (its goroutines belong to no bubble): create a
+// provider in the bubble instead.
+func DefaultLockProvider() *MemoryLockProvider { return defaultProvider() }
+
+// Acquire waits for key and returns its lease.
+//
+// It returns a lease when granted; (nil, nil) when not granted within
+// opts.Timeout, or at once with NoWait when the key is held; (nil, ctx's
+// error) when ctx ends first, or had ended on entry; ErrProviderClosed
+// after Close, and to waiters queued when Close is called; an error wrapping
+// ErrMissingKey for an empty key, or ErrInvalidOption for a negative
+// Timeout other than NoWait or a negative TTL. Whenever it returns no lease,
+// the provider's state is as if the call had never been made.
+//
+// A grant that lands at the moment ctx ends or the timeout passes goes to
+// the next waiter, and Acquire reports the give-up: an error or nil lease
+// always means nothing is held. opts.TTL is ignored: these locks never expire.
+func (p *MemoryLockProvider) Acquire(ctx context.Context, key string, opts LockAcquireOptions) (LockLease, error) {
+	l := new(memoryLease)
+	ok, err := p.acquire(ctx, key, opts, l)
+	if !ok {
+		return nil, err
+	}
+	return l, nil
+}
+
+// acquire is Acquire writing the grant into dst, so that the Lock strategy
+// can keep the lease inside its own allocation.
+func (p *MemoryLockProvider) acquire(ctx context.Context, key string, opts LockAcquireOptions, dst *memoryLease) (bool, error) {
+	if err := validateAcquire(key, opts); err != nil {
+		return false, err
+	}
+	if p.closed.Load() {
+		return false, ErrProviderClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	mode := shard.Wait
+	var timeout <-chan time.Time
+	switch {
+	case opts.Timeout == NoWait:
+		mode = shard.Try
+	case opts.Timeout > 0:
+		// The timer starts before the acquire is sent, so a test clock that
+		// sees the waiter queued has already seen its timer.
+		if policy.IsSystemClock(opts.Clock) {
+			t := p.startTimer(opts.Timeout)
+			defer p.stopTimer(t)
+			timeout = t.C
+		} else {
+			ch := make(chan time.Time, 1) // one fire, never blocks the clock
+			stop := opts.Clock.AfterFunc(opts.Timeout, func() { ch <- time.Time{} })
+			defer stop()
+			timeout = ch
+		}
+	}
+	s := p.group.For(key)
+	out, err := s.Acquire(ctx, key, mode, timeout)
+	if err != nil {
+		if errors.Is(err, shard.ErrStopped) {
+			return false, ErrProviderClosed
+		}
+		return false, err
+	}
+	if !out.Granted {
+		return false, nil
+	}
+	*dst = memoryLease{shard: s, key: key, token: out.Token}
+	return true, nil
+}
+
+// startTimer returns a running timer from the pool. Pooling is safe since
+// Go 1.23's timers (go.mod says 1.25): after Stop, no stale tick is ever
+// received from C.
+func (p *MemoryLockProvider) startTimer(d time.Duration) *time.Timer {
+	if t, ok := p.timers.Get().(*time.Timer); ok {
+		t.Reset(d)
+		return t
+	}
+	return time.NewTimer(d)
+}
+
+func (p *MemoryLockProvider) stopTimer(t *time.Timer) {
+	t.Stop()
+	p.timers.Put(t)
+}
+
+// Size is the number of keys held or waited for. It is exact once the
+// shards have applied every message sent before the call; a Release returns
+// before its shard applies it, so right after one Size may still count the
+// key. It costs one atomic load per shard.
+func (p *MemoryLockProvider) Size() int { return p.group.Size() }
+
+// Close stops the provider: every waiter fails with ErrProviderClosed, later
+// Acquires fail the same way, leases already granted become no-ops, and the
+// shard goroutines have exited when Close returns. It is idempotent. On
+// DefaultLockProvider() it returns an error and changes nothing.
+func (p *MemoryLockProvider) Close() error {
+	if p.isDefault {
+		return errDefaultClose
+	}
+	if p.closed.CompareAndSwap(false, true) {
+		p.group.Stop()
+	}
+	return nil
+}
+
+// sync returns once every shard has applied every message sent before the
+// call: after it, Size is exact. For tests.
+func (p *MemoryLockProvider) sync(ctx context.Context) error { return p.group.Sync(ctx) }
+
+// memoryLease is a MemoryLockProvider grant.
+type memoryLease struct {
+	shard    *shard.Shard
+	key      string
+	token    uint64
+	released atomic.Bool
+}
+
+var _ FencedLease = (*memoryLease)(nil)
+
+// Release releases the grant. It never fails and never waits for the shard
+// (ctx is not needed: the release is a message on the shard's mailbox, which
+// blocks only while that mailbox is full). What the calling goroutine does
+// next on the key is ordered after it. A second call does nothing.
+func (l *memoryLease) Release(context.Context) error {
+	if l.released.Swap(true) {
+		return nil
+	}
+	l.shard.Release(l.key, l.token)
+	return nil
+}
+
+// Token is the grant's fencing token.
+func (l *memoryLease) Token() uint64 { return l.token }

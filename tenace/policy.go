@@ -1,0 +1,150 @@
+package tenace
+
+import (
+	"context"
+	"time"
+
+	"tenace.dev/tenace/policy"
+)
+
+// Event is something a step reports while a call runs; see OnEvent and the
+// Event... names.
+type Event = policy.Event
+
+// Clock is the time source of a policy and its steps; see Policy.WithClock.
+type Clock = policy.Clock
+
+// TimeoutError is returned, as *TimeoutError, by a WithTimeout step whose
+// deadline passed before the work returned.
+type TimeoutError = policy.TimeoutError
+
+// Strategy is a step of a policy; see package policy to write one.
+type Strategy = policy.Strategy
+
+// The names of the events the built-in steps emit.
+const (
+	// EventLockRejected: the lock was not acquired within its Timeout (or at
+	// once with NoWait). Key is the lock key.
+	EventLockRejected = "lock.rejected"
+	// EventLockAcquired: the lock was acquired; the inner steps run next.
+	EventLockAcquired = "lock.acquired"
+	// EventLockReleased: the inner steps returned and the lock was released.
+	EventLockReleased = "lock.released"
+	// EventTimeout: a WithTimeout deadline passed before the work returned.
+	// Key is the execution key, possibly empty.
+	EventTimeout = policy.EventTimeout
+)
+
+// Policy is a pipeline of resilience steps that runs a function. It is an
+// immutable value: each With... method returns a new Policy and never
+// changes the one it was called on, so a policy can be built once, shared
+// between goroutines, and extended in several directions safely. The zero
+// Policy is valid and runs fn with no steps.
+//
+// A step wraps the steps added before it. In
+//
+//	tenace.NewPolicy().WithTimeout(time.Minute).With(lock)
+//
+// the lock is the outer step: it is acquired first, and held around the
+// one-minute timeout, which bounds the work but not the wait for the lock
+// (the lock's own Timeout bounds that). Written the other way round,
+// NewPolicy().With(lock).WithTimeout(time.Minute), the minute bounds the
+// wait and the work together.
+type Policy struct {
+	p policy.Pipeline
+}
+
+// NewPolicy returns an empty policy.
+func NewPolicy() Policy { return Policy{} }
+
+// WithTimeout adds a step that gives the steps before it, and fn, d to
+// finish: they run with a context whose deadline is d away, and the call
+// returns a *TimeoutError (errors.Is context.DeadlineExceeded) when it
+// passes. The step waits for fn to return: a lock outside it is never
+// released while fn runs, so fn should watch its context. A d that is not
+// positive makes Execute return an error wrapping ErrInvalidOption.
+func (p Policy) WithTimeout(d time.Duration) Policy { return p.With(policy.NewTimeout(d)) }
+
+// WithLock adds a Lock step with opts; see Lock.
+func (p Policy) WithLock(opts LockOptions) Policy { return p.With(NewLock(opts)) }
+
+// With adds the step s, wrapping the steps added before it. It panics if s
+// is nil.
+func (p Policy) With(s Strategy) Policy {
+	if s == nil {
+		panic("tenace: Policy.With: nil strategy")
+	}
+	return Policy{p: p.p.With(s)}
+}
+
+// OnEvent adds a listener. Listeners are policy-wide, not positional: each
+// sees every event of every step of the policy, synchronously, in the order
+// the listeners were added. A listener that panics: the panic goes on up
+// through Execute, and a lock held at that point is still released. It
+// panics if fn is nil.
+func (p Policy) OnEvent(fn func(Event)) Policy {
+	if fn == nil {
+		panic("tenace: Policy.OnEvent: nil listener")
+	}
+	return Policy{p: p.p.OnEvent(fn)}
+}
+
+// WithClock sets the policy's time source, used by WithTimeout and passed
+// to lock providers for their Timeout; nil means the system clock. Tests
+// use it to drive time; under testing/synctest the system clock is already
+// fake.
+func (p Policy) WithClock(c Clock) Policy { return Policy{p: p.p.WithClock(c)} }
+
+// ExecuteOption is a per-call option of Execute and Get. It is a small
+// value, not an interface, so that passing one costs no allocation.
+type ExecuteOption struct {
+	key    string
+	hasKey bool
+}
+
+// WithKey sets the execution key: the lock key of every Lock in the policy
+// whose LockOptions.Key is empty, and the Key of the timeout event.
+func WithKey(key string) ExecuteOption { return ExecuteOption{key: key, hasKey: true} }
+
+// Execute runs fn through the policy's steps and returns fn's error, or the
+// error of the step that stopped the call:
+//
+//	fn returned err                      err, unchanged
+//	ctx already ended on entry           ctx's error; nothing runs
+//	a Lock without any key               ErrMissingKey; nothing runs
+//	an option out of range               an error wrapping ErrInvalidOption
+//	lock not acquired within Timeout     *LockNotAcquiredError; event lock.rejected
+//	ctx ended while waiting for a lock   ctx's error; fn does not run
+//	the lock provider failed             *UnexpectedError wrapping the cause
+//	WithTimeout's deadline passed        *TimeoutError (errors.Is DeadlineExceeded)
+//
+// It panics if ctx or fn is nil.
+func (p Policy) Execute(ctx context.Context, fn func(context.Context) error, opts ...ExecuteOption) error {
+	var key string
+	for _, o := range opts {
+		if o.hasKey {
+			key = o.key
+		}
+	}
+	return p.p.Execute(ctx, key, fn)
+}
+
+// Get is Execute for a function that returns a value: it returns fn's value
+// and error, or the zero T and the error of whatever stopped the call. It
+// panics if fn is nil.
+func Get[T any](ctx context.Context, p Policy, fn func(context.Context) (T, error), opts ...ExecuteOption) (T, error) {
+	if fn == nil {
+		panic("tenace: Get: nil fn")
+	}
+	var v T
+	err := p.Execute(ctx, func(ctx context.Context) error {
+		var err error
+		v, err = fn(ctx)
+		return err
+	}, opts...)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return v, nil
+}

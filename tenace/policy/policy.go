@@ -1,0 +1,216 @@
+// Package policy is the pipeline engine under tenace: the [Strategy] a step
+// implements, the per-call [Execution] every step sees, the [Pipeline] that
+// runs them in order, and the [Timeout] step.
+//
+// Most programs use package tenace, which re-exports what users touch; this
+// package is for writing a strategy of your own.
+//
+// # How a pipeline runs
+//
+// A pipeline is an immutable list of steps. A step wraps the steps added
+// before it: the first step added is the innermost, closest to fn, and the
+// last is the outermost, the first to run.
+//
+//	NewPipeline().With(a).With(b).Execute(ctx, key, fn)
+//
+//	b.Run(ctx, x, next)          // next runs a
+//	└── a.Run(ctx', x, next)     // next runs fn
+//	    └── fn(ctx'')
+//
+// Each step gets the context to pass inward (it may derive a new one), the
+// call's [Execution] (key, clock, events) and a [Next] that runs the inner
+// steps and finally fn. A step calls next.Run at most once, and must not
+// return before the call it made returns: steps such as a lock depend on the
+// inner steps being finished when they clean up.
+//
+// # Writing a strategy
+//
+//	type logStep struct{ log *slog.Logger }
+//
+//	func (s logStep) Run(ctx context.Context, x policy.Execution, next policy.Next) error {
+//		s.log.Info("start", "key", x.Key())
+//		err := next.Run(ctx)
+//		s.log.Info("end", "key", x.Key(), "err", err)
+//		return err
+//	}
+//
+// Add it with tenace's Policy.With. A strategy must be safe for concurrent
+// use: one policy value runs many calls at once.
+package policy
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrInvalidOption is wrapped by the errors that report an option out of its
+// range (a negative timeout, say); the message names the option.
+var ErrInvalidOption = errors.New("tenace: invalid option")
+
+// Event is something a step reports while a call runs. Name is one of the
+// event names (tenace's Event... constants, or a third-party step's own); Key
+// is the key the event concerns: the lock key for lock events, the execution
+// key (possibly empty) for the others.
+type Event struct {
+	Name string
+	Key  string
+}
+
+// Strategy is one step of a pipeline.
+//
+// Run does the step's work around next.Run(ctx), which runs the inner steps
+// and fn, and returns the call's error. A step that decides the call must
+// not go on (a lock not acquired, say) returns its error without calling
+// next.Run. Run must not return before a next.Run it called has returned.
+type Strategy interface {
+	Run(ctx context.Context, x Execution, next Next) error
+}
+
+// Execution is what every step of one call sees: the execution key, the
+// clock and the event emitter. It is a small value, passed by value, the same
+// for every step of the call; the context travels beside it, as the first
+// argument of Run, so that each step can give the inner steps a derived one.
+type Execution struct {
+	key       string
+	clock     Clock
+	listeners []func(Event)
+}
+
+// Key is the execution key (from tenace's WithKey), possibly empty.
+func (x Execution) Key() string { return x.key }
+
+// Clock is the call's time source; never nil.
+func (x Execution) Clock() Clock {
+	if x.clock == nil {
+		return SystemClock()
+	}
+	return x.clock
+}
+
+// Emit reports e to the pipeline's listeners, synchronously, in the order
+// they were added. A listener's panic goes on up through the step that
+// emitted; steps that hold resources release them in a defer.
+func (x Execution) Emit(e Event) {
+	for _, l := range x.listeners {
+		l(e)
+	}
+}
+
+// Next runs the rest of the pipeline: the steps inside the current one, then
+// fn. The zero Next is not valid; steps receive theirs from the pipeline.
+type Next struct {
+	steps []Strategy // steps still to run, innermost first: the last runs next
+	fn    func(context.Context) error
+	x     Execution
+}
+
+// Run runs the inner steps and fn with ctx, and returns their error.
+func (n Next) Run(ctx context.Context) error {
+	last := len(n.steps) - 1
+	if last < 0 {
+		return n.fn(ctx)
+	}
+	return n.steps[last].Run(ctx, n.x, Next{steps: n.steps[:last], fn: n.fn, x: n.x})
+}
+
+// Pipeline is an immutable list of steps with the call's listeners and
+// clock. The zero Pipeline is valid and runs fn alone. Every method that adds
+// something returns a new Pipeline and leaves the receiver as it was, so a
+// pipeline can be shared between goroutines and extended in two directions
+// without one seeing the other's steps.
+type Pipeline struct {
+	steps     []Strategy
+	listeners []func(Event)
+	clock     Clock
+}
+
+// appendCopy returns a new slice of s followed by v; it never writes into
+// s's backing array, which older pipelines may share.
+func appendCopy[T any](s []T, v T) []T {
+	out := make([]T, len(s), len(s)+1)
+	copy(out, s)
+	return append(out, v)
+}
+
+// With returns the pipeline with s added as the new outermost step. It
+// panics if s is nil.
+func (p Pipeline) With(s Strategy) Pipeline {
+	if s == nil {
+		panic("tenace: With: nil strategy")
+	}
+	p.steps = appendCopy(p.steps, s)
+	return p
+}
+
+// OnEvent returns the pipeline with fn added to its listeners. Listeners are
+// pipeline-wide: they see every event of every step, wherever they were
+// added. It panics if fn is nil.
+func (p Pipeline) OnEvent(fn func(Event)) Pipeline {
+	if fn == nil {
+		panic("tenace: OnEvent: nil listener")
+	}
+	p.listeners = appendCopy(p.listeners, fn)
+	return p
+}
+
+// WithClock returns the pipeline with c as its time source (nil: the system
+// clock).
+func (p Pipeline) WithClock(c Clock) Pipeline {
+	p.clock = c
+	return p
+}
+
+// Len is the number of steps.
+func (p Pipeline) Len() int { return len(p.steps) }
+
+// Execute runs fn through the steps, with key as the execution key. If ctx
+// has already ended it returns ctx's error and runs nothing. It panics if ctx
+// or fn is nil.
+func (p Pipeline) Execute(ctx context.Context, key string, fn func(context.Context) error) error {
+	if ctx == nil {
+		panic("tenace: Execute: nil context")
+	}
+	if fn == nil {
+		panic("tenace: Execute: nil fn")
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	x := Execution{key: key, clock: p.clock, listeners: p.listeners}
+	return Next{steps: p.steps, fn: fn, x: x}.Run(ctx)
+}
+
+// isSystem reports whether c is the system clock, for which the standard
+// library's own timers and deadlines are used directly.
+func isSystem(c Clock) bool {
+	_, ok := c.(systemClock)
+	return c == nil || ok
+}
+
+// IsSystemClock reports whether c is nil or [SystemClock](): then callers
+// can use the time package directly, which costs less than going through the
+// interface.
+func IsSystemClock(c Clock) bool { return isSystem(c) }
+
+// Clock is the time source of a pipeline and its steps, so that tests can
+// drive time. [SystemClock] is the real one; under testing/synctest it is
+// the bubble's fake time, which is often all a test needs.
+type Clock interface {
+	// Now returns the current time.
+	Now() time.Time
+	// AfterFunc calls f in its own goroutine once d has passed, unless stop
+	// is called first; stop reports whether it prevented the call (the
+	// contract of time.Timer.Stop).
+	AfterFunc(d time.Duration, f func()) (stop func() bool)
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+func (systemClock) AfterFunc(d time.Duration, f func()) func() bool {
+	return time.AfterFunc(d, f).Stop
+}
+
+// SystemClock returns the clock of package time.
+func SystemClock() Clock { return systemClock{} }

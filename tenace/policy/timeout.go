@@ -1,0 +1,116 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// EventTimeout is the event a [Timeout] emits when its deadline fires.
+const EventTimeout = "timeout"
+
+// TimeoutError is returned by a [Timeout] step whose own deadline passed
+// before the inner steps returned. errors.Is(err, context.DeadlineExceeded)
+// holds, and so does errors.Is(err, x) for whatever the inner steps returned.
+type TimeoutError struct {
+	// Timeout is the step's duration.
+	Timeout time.Duration
+	// Key is the execution key, possibly empty.
+	Key string
+	// Err is what the inner steps returned once they stopped (often ctx's
+	// error), or nil if they finished anyway.
+	Err error
+}
+
+func (e *TimeoutError) Error() string {
+	key := ""
+	if e.Key != "" {
+		key = fmt.Sprintf(" (key %q)", e.Key)
+	}
+	return fmt.Sprintf("tenace: the work did not finish within its %v timeout%s; raise WithTimeout's duration or make the work faster", e.Timeout, key)
+}
+
+// Unwrap returns context.DeadlineExceeded and, if set, Err.
+func (e *TimeoutError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{context.DeadlineExceeded}
+	}
+	return []error{context.DeadlineExceeded, e.Err}
+}
+
+// Timeout is the step that bounds the inner steps' time: they run with a
+// context whose deadline is d from the start of the step.
+//
+// Go is cooperative, so the step cannot stop the work: when the deadline
+// passes it ends the inner context and waits for the inner steps to return.
+// It never returns before them, so a lock outside it is never released while
+// fn still runs. Then:
+//   - its own deadline fired first: it emits [EventTimeout] and returns a
+//     [*TimeoutError];
+//   - the parent context ended first (its cancel, or an earlier deadline of
+//     its own): it returns the inner steps' error unchanged, not a
+//     TimeoutError, because the timeout is not what stopped them.
+//
+// With a clock other than the system clock, the inner context reports the
+// clock's deadline from Deadline and context.DeadlineExceeded from Err once
+// the clock fires; contexts derived from it report context.Canceled.
+type Timeout struct {
+	d time.Duration
+}
+
+// NewTimeout returns a Timeout step of duration d. A d that is not positive
+// is reported by Run as an error wrapping [ErrInvalidOption].
+func NewTimeout(d time.Duration) *Timeout { return &Timeout{d: d} }
+
+// errOwnDeadline is the cause a Timeout gives its context, so that it can
+// tell its own deadline from the parent's end.
+var errOwnDeadline = errors.New("tenace: the WithTimeout deadline passed")
+
+// Run implements [Strategy].
+func (t *Timeout) Run(ctx context.Context, x Execution, next Next) error {
+	if t.d <= 0 {
+		return fmt.Errorf("%w: WithTimeout(%v): the duration must be positive", ErrInvalidOption, t.d)
+	}
+	var (
+		inner  context.Context
+		cancel context.CancelFunc
+	)
+	if clock := x.Clock(); isSystem(clock) {
+		inner, cancel = context.WithTimeoutCause(ctx, t.d, errOwnDeadline)
+	} else {
+		inner, cancel = withClockDeadline(ctx, clock, t.d)
+	}
+	err := next.Run(inner)
+	cancel() // from here the cause can no longer change
+	if context.Cause(inner) != errOwnDeadline {
+		return err
+	}
+	x.Emit(Event{Name: EventTimeout, Key: x.Key()})
+	return &TimeoutError{Timeout: t.d, Key: x.Key(), Err: err}
+}
+
+// clockDeadlineCtx is a cancel context ended by a Clock's timer; it reports
+// the clock's deadline, and DeadlineExceeded once the timer fired.
+type clockDeadlineCtx struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c *clockDeadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func (c *clockDeadlineCtx) Err() error {
+	if context.Cause(c.Context) == errOwnDeadline {
+		return context.DeadlineExceeded
+	}
+	return c.Context.Err()
+}
+
+func withClockDeadline(ctx context.Context, clock Clock, d time.Duration) (context.Context, context.CancelFunc) {
+	inner, cancel := context.WithCancelCause(ctx)
+	stop := clock.AfterFunc(d, func() { cancel(errOwnDeadline) })
+	return &clockDeadlineCtx{Context: inner, deadline: clock.Now().Add(d)}, func() {
+		stop()
+		cancel(context.Canceled)
+	}
+}

@@ -1,0 +1,318 @@
+package shard
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"tenace.dev/tenace/actor"
+)
+
+// ErrStopped is returned by a shard's methods once its group is stopped.
+var ErrStopped = actor.ErrStopped
+
+// Mode says what an acquire does when the key is held.
+type Mode uint8
+
+const (
+	modeInvalid Mode = iota
+	// Wait queues behind the key's holder and waiters.
+	Wait
+	// Try fails at once instead of queueing.
+	Try
+)
+
+// replyKind is what the shard tells a waiter. Every request that carries a
+// waiter gets exactly one reply (invariant R below).
+type replyKind uint8
+
+const (
+	replyInvalid   replyKind = iota
+	replyGranted             // the waiter holds the key; token is the grant
+	replyRefused             // a Try found the key held
+	replyCancelled           // the waiter left the queue before its grant
+	replyClosed              // the shard stopped while the waiter was queued
+	replySynced              // a Sync barrier was reached
+)
+
+type reply struct {
+	kind  replyKind
+	token uint64
+}
+
+// waiter is the Table's waiter with its reply channel.
+//
+// The reply channel has a buffer of one, and every request gets exactly one
+// reply (invariant R), so the shard's send never blocks, even when the caller
+// has stopped listening. The channel is made once per waiter and never
+// changes, and the shard never sends to it twice per request, so a waiter whose
+// reply was received is empty again and can be pooled.
+type waiter = Waiter[chan reply]
+
+type msgKind uint8
+
+const (
+	msgInvalid msgKind = iota
+	msgAcquire         // key, w: queue w for key
+	msgTry             // key, w: grant w if key is free, else refuse
+	msgRelease         // key, token: end grant token
+	msgCancel          // w: withdraw w (see Shard.withdraw)
+	msgSync            // w: reply once every earlier message is applied
+)
+
+// message is the one type on a shard's mailbox; kind says which fields count.
+type message struct {
+	kind  msgKind
+	key   string
+	token uint64
+	w     *waiter
+}
+
+// Outcome is the result of [Shard.Acquire] when it returns no error.
+type Outcome struct {
+	// Granted reports that the caller holds the key, as grant Token.
+	Granted bool
+	Token   uint64
+	// PassedOn reports that the caller gave up (its context ended or its
+	// timeout passed) at the moment the shard granted it: the withdrawal
+	// passed the grant on, so the caller holds nothing. It is false when the
+	// caller left the queue before any grant. For tests and statistics; both
+	// leave the key as if the caller had never asked.
+	PassedOn bool
+}
+
+// Shard is one shard goroutine and the [Table] it alone owns.
+//
+// Concurrency: table, out and queued are owned by the loop goroutine (the
+// actor's handler); callers reach them only through mailbox messages. size is
+// written by the loop and read by anyone. No mutex guards anything here.
+type Shard struct {
+	group *Group
+	mb    *actor.Actor[message]
+
+	_    [64]byte // keep size on a cache line of its own: the loop writes it every batch
+	size atomic.Int64
+	_    [64]byte
+
+	// Owned by the loop goroutine.
+	table  *Table[chan reply]
+	out    []delivery
+	queued []string
+}
+
+type delivery struct {
+	w *waiter
+	r reply
+}
+
+func newShard(g *Group) *Shard {
+	s := &Shard{group: g, table: NewTable[chan reply]()}
+	s.mb = actor.Start(s.handle, actor.Options[message]{
+		Mailbox: g.opts.Mailbox,
+		OnStop:  s.stop,
+		Go:      g.opts.Go,
+	})
+	return s
+}
+
+// handle applies one batch of messages to the table, publishes the new size,
+// then delivers the replies. Publishing before replying means that a caller
+// who has its reply sees a Size that includes its own effect.
+func (s *Shard) handle(batch []message) {
+	for i := range batch {
+		m := &batch[i]
+		switch m.kind {
+		case msgAcquire:
+			if s.table.Acquire(m.key, m.w) {
+				s.grant(m.w)
+			} else if s.group.opts.OnQueued != nil {
+				s.queued = append(s.queued, m.key)
+			}
+		case msgTry:
+			if s.table.TryAcquire(m.key, m.w) {
+				s.grant(m.w)
+			} else {
+				s.out = append(s.out, delivery{m.w, reply{kind: replyRefused}})
+			}
+		case msgRelease:
+			if _, next := s.table.Release(m.key, m.token); next != nil {
+				s.grant(next)
+			}
+		case msgCancel:
+			removed, next := s.table.Cancel(m.w)
+			if removed {
+				s.out = append(s.out, delivery{m.w, reply{kind: replyCancelled}})
+			}
+			if next != nil {
+				s.grant(next)
+			}
+		case msgSync:
+			s.out = append(s.out, delivery{m.w, reply{kind: replySynced}})
+		default:
+			panic("tenace: internal error: shard message of unknown kind")
+		}
+		if verify {
+			if err := s.table.CheckInvariants(); err != nil {
+				panic("tenace: internal error: lock table invariant broken: " + err.Error())
+			}
+		}
+	}
+	s.size.Store(int64(s.table.Len()))
+	s.flush()
+	for _, key := range s.queued {
+		s.group.opts.OnQueued(key)
+	}
+	clear(s.queued)
+	s.queued = s.queued[:0]
+}
+
+func (s *Shard) grant(w *waiter) {
+	s.out = append(s.out, delivery{w, reply{kind: replyGranted, token: w.token}})
+}
+
+func (s *Shard) flush() {
+	for _, d := range s.out {
+		select {
+		case d.w.Value <- d.r:
+		default:
+			// Invariant R makes this unreachable; a silent block here would
+			// hang every key of the shard, so fail loudly instead.
+			panic("tenace: internal error: a waiter got two replies")
+		}
+	}
+	clear(s.out)
+	s.out = s.out[:0]
+}
+
+// stop runs on the loop goroutine when the group stops: every queued waiter
+// is told the shard closed. Messages still in the mailbox are never applied;
+// their senders see Done closed and give up (see Acquire).
+func (s *Shard) stop() {
+	for _, w := range s.table.Drain() {
+		s.out = append(s.out, delivery{w, reply{kind: replyClosed}})
+	}
+	s.size.Store(0)
+	s.flush()
+}
+
+// Acquire asks for key and waits for the outcome.
+//
+// It returns a granted Outcome when the key is the caller's; an Outcome that
+// is not granted, and a nil error, when mode is Try and the key is held, or
+// when timeout delivers first (a nil timeout never does); ctx's error when
+// ctx ends first; ErrStopped when the group is stopped. In every case but a
+// grant the key is left as if the caller had never asked.
+//
+// Abort during grant. The caller gives up when ctx ends or timeout fires,
+// and the shard may be granting it at that very moment: the grant can be in
+// the reply channel unread, or about to be sent. Acquire does not try to find
+// out which by looking — any look races with the shard. It sends a cancel
+// message instead and waits for exactly one reply:
+//
+//   - The cancel is behind the acquire in the same mailbox, so the shard
+//     applies it after the acquire, and sees the waiter either still queued
+//     or already granted. Queued: the table removes it and the shard replies
+//     "cancelled". Granted: the reply already sent was the grant, and the
+//     table, finding the waiter still the holder, passes the grant on to the
+//     next waiter (Table.Cancel) — the waiter never releases it, so nothing
+//     leaks, and nobody runs under it.
+//   - Either way exactly one reply is in (or on its way to) the channel, so
+//     the one receive below cannot block forever and leaves the channel
+//     empty for the waiter's next use.
+//   - If the grant passes on, it is because the caller gave up; Acquire then
+//     reports the caller's reason (ctx's error, or not granted), so a caller
+//     who sees an error never holds the key.
+//
+// The waiter is pooled once its one reply is received, while the cancel may
+// still be queued; that is safe because every later use of the waiter is a
+// message sent after the cancel, which the mailbox delivers after it.
+func (s *Shard) Acquire(ctx context.Context, key string, mode Mode, timeout <-chan time.Time) (Outcome, error) {
+	kind := msgAcquire
+	switch mode {
+	case Wait:
+	case Try:
+		kind = msgTry
+	default:
+		panic("tenace: shard.Acquire: invalid mode")
+	}
+	w := s.group.getWaiter()
+	if err := s.mb.Send(ctx, message{kind: kind, key: key, w: w}); err != nil {
+		s.group.putWaiter(w) // never reached the shard: nothing will reply
+		return Outcome{}, err
+	}
+	select {
+	case r := <-w.Value:
+		s.group.putWaiter(w)
+		switch r.kind {
+		case replyGranted:
+			return Outcome{Granted: true, Token: r.token}, nil
+		case replyRefused:
+			return Outcome{}, nil
+		}
+		return Outcome{}, ErrStopped // replyClosed
+	case <-ctx.Done():
+		return s.withdraw(w, ctx.Err())
+	case <-timeout:
+		return s.withdraw(w, nil)
+	case <-s.mb.Done():
+		// Stopped with our acquire unapplied, or with a reply we leave
+		// unread: either way the table is gone. The waiter may still hold
+		// a reply, so it is not pooled.
+		return Outcome{}, ErrStopped
+	}
+}
+
+// withdraw cancels w after its caller gave up, and returns cause; see the
+// abort-during-grant note on Acquire.
+func (s *Shard) withdraw(w *waiter, cause error) (Outcome, error) {
+	// No ctx: the caller's has ended, and the cancel must get through. It
+	// blocks only while the mailbox is full, which the loop is draining.
+	if err := s.mb.Send(context.Background(), message{kind: msgCancel, w: w}); err != nil {
+		return Outcome{}, cause // stopped: the table is gone, nothing to leak
+	}
+	select {
+	case r := <-w.Value:
+		s.group.putWaiter(w)
+		return Outcome{PassedOn: r.kind == replyGranted}, cause
+	case <-s.mb.Done():
+		return Outcome{}, cause
+	}
+}
+
+// Release ends grant token on key. It returns once the release is in the
+// mailbox, usually before the shard has applied it; anything the same
+// goroutine sends to this shard afterwards (its next Acquire of the key, a
+// Sync) is applied after it, because the mailbox is FIFO. The release
+// happens before the grant it lets through: the shard applies it, then sends
+// the next waiter its grant, and that send happens before the waiter's
+// receive. A stale token does nothing. After Stop it does nothing.
+func (s *Shard) Release(key string, token uint64) {
+	// Never gives up on a context: a release that was dropped would leak the
+	// key. It blocks only while the mailbox is full.
+	_ = s.mb.Send(context.Background(), message{kind: msgRelease, key: key, token: token})
+}
+
+// Sync returns once the shard has applied every message sent to it before
+// the call (by any goroutine whose send happened before), or ctx's error, or
+// ErrStopped.
+func (s *Shard) Sync(ctx context.Context) error {
+	w := s.group.getWaiter()
+	if err := s.mb.Send(ctx, message{kind: msgSync, w: w}); err != nil {
+		s.group.putWaiter(w)
+		return err
+	}
+	select {
+	case <-w.Value:
+		s.group.putWaiter(w)
+		return nil
+	case <-s.mb.Done():
+		return ErrStopped
+	case <-ctx.Done():
+		// The sync reply will still come; the waiter is dropped, not pooled.
+		return ctx.Err()
+	}
+}
+
+// Size is the number of keys this shard holds or has waiters for, as of the
+// last batch it applied.
+func (s *Shard) Size() int { return int(s.size.Load()) }
