@@ -1,0 +1,33 @@
+//go:build !race
+
+// Allocation budgets. The race detector makes sync.Pool drop items at random,
+// so these run without -race (make test runs them in a second pass).
+
+package tenace_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"tenace.dev/tenace"
+)
+
+// TestUncontendedAcquireReleaseAllocatesOnlyTheLease pins the allocation
+// budget: one allocation per Acquire+Release through the interface, the lease
+// handle (which must not be pooled).
+func TestUncontendedAcquireReleaseAllocatesOnlyTheLease(t *testing.T) {
+	p, _ := newProvider(t)
+	var lp tenace.LockProvider = p
+	allocs := testing.AllocsPerRun(1000, func() {
+		l, _ := lp.Acquire(bg, "k", tenace.LockAcquireOptions{})
+		_ = l.Release(bg)
+	})
+	require.LessOrEqual(t, allocs, 1.0)
+	allocs = testing.AllocsPerRun(1000, func() {
+		l, _ := lp.Acquire(bg, "k", tenace.LockAcquireOptions{Timeout: time.Second})
+		_ = l.Release(bg)
+	})
+	require.LessOrEqual(t, allocs, 1.0, "with a timeout too: timers are pooled")
+}
