@@ -31,3 +31,15 @@ func TestUncontendedAcquireReleaseAllocatesOnlyTheLease(t *testing.T) {
 	})
 	require.LessOrEqual(t, allocs, 1.0, "with a timeout too: timers are pooled")
 }
+
+// TestExecuteOfALockOnlyPolicyAllocatesOnce pins the pipeline's budget: one
+// allocation per Execute of a lock-only policy on the memory provider (the
+// context that carries the lease, with the lease inside it).
+func TestExecuteOfALockOnlyPolicyAllocatesOnce(t *testing.T) {
+	p, _ := newProvider(t)
+	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p})
+	allocs := testing.AllocsPerRun(1000, func() {
+		_ = pol.Execute(bg, noop, tenace.WithKey("k"))
+	})
+	require.LessOrEqual(t, allocs, 1.0)
+}

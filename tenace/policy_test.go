@@ -1,0 +1,662 @@
+package tenace_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"tenace.dev/tenace"
+	"tenace.dev/tenace/internal/fakeclock"
+)
+
+func noop(context.Context) error { return nil }
+
+// ---- What Execute returns: one test per row of SPEC.md's table ----
+
+func TestExecuteReturnsFnErrorUnchanged(t *testing.T) {
+	p, _ := newProvider(t)
+	pol := tenace.NewPolicy().WithTimeout(time.Minute).WithLock(tenace.LockOptions{Provider: p, Key: "k"})
+	err := pol.Execute(bg, func(context.Context) error { return errBoom })
+	require.Same(t, errBoom, err)
+	require.NoError(t, pol.Execute(bg, noop))
+	requireIdle(t, p, "k")
+}
+
+func TestExecuteWithEndedCtxRunsNothing(t *testing.T) {
+	fp := &fakeProvider{}
+	ctx, cancel := context.WithCancel(bg)
+	cancel()
+	ran := false
+	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp, Key: "k"}).
+		Execute(ctx, func(context.Context) error { ran = true; return nil })
+	require.ErrorIs(t, err, context.Canceled)
+	require.False(t, ran)
+	require.Empty(t, fp.calls, "the provider was not asked")
+	// Even with no step at all.
+	require.ErrorIs(t, tenace.NewPolicy().Execute(ctx, func(context.Context) error { ran = true; return nil }), context.Canceled)
+	require.False(t, ran)
+}
+
+func TestExecuteWithoutAnyKeyReturnsErrMissingKey(t *testing.T) {
+	fp := &fakeProvider{}
+	ran := false
+	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp}).
+		Execute(bg, func(context.Context) error { ran = true; return nil })
+	require.ErrorIs(t, err, tenace.ErrMissingKey)
+	require.ErrorContains(t, err, "WithKey")
+	require.False(t, ran)
+	require.Empty(t, fp.calls)
+}
+
+func TestExecuteRejectsOptionsOutOfRange(t *testing.T) {
+	fp := &fakeProvider{}
+	for name, tc := range map[string]struct {
+		pol  tenace.Policy
+		text string
+	}{
+		"negative Timeout":     {tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp, Key: "k", Timeout: -time.Second}), "LockOptions.Timeout is -1s"},
+		"negative TTL":         {tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp, Key: "k", TTL: -time.Second}), "LockOptions.TTL is -1s"},
+		"zero WithTimeout":     {tenace.NewPolicy().WithTimeout(0), "WithTimeout(0s)"},
+		"negative WithTimeout": {tenace.NewPolicy().WithTimeout(-time.Second), "WithTimeout(-1s)"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ran := false
+			err := tc.pol.Execute(bg, func(context.Context) error { ran = true; return nil })
+			require.ErrorIs(t, err, tenace.ErrInvalidOption)
+			require.ErrorContains(t, err, tc.text)
+			require.False(t, ran)
+		})
+	}
+	require.Empty(t, fp.calls)
+}
+
+func TestLockNotAcquiredWithinTimeoutReturnsLockNotAcquiredError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := tenace.NewMemoryLockProvider()
+		defer p.Close()
+		held := mustAcquire(t, p, "reports")
+		var rec recorder
+		ran := false
+		start := time.Now()
+		err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "reports", Timeout: 5 * time.Second}).
+			OnEvent(rec.on).Execute(bg, func(context.Context) error { ran = true; return nil })
+		var nae *tenace.LockNotAcquiredError
+		require.ErrorAs(t, err, &nae)
+		require.Equal(t, "reports", nae.Key)
+		require.Equal(t, 5*time.Second, time.Since(start))
+		require.False(t, ran)
+		require.Equal(t, []string{"lock.rejected:reports"}, rec.names())
+		require.NoError(t, held.Release(bg))
+		requireIdle(t, p, "reports")
+	})
+}
+
+func TestNoWaitOnAHeldKeyReturnsLockNotAcquiredErrorAtOnce(t *testing.T) {
+	p, _ := newProvider(t)
+	held := mustAcquire(t, p, "k")
+	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Timeout: tenace.NoWait}).
+		Execute(bg, noop, tenace.WithKey("k"))
+	var nae *tenace.LockNotAcquiredError
+	require.ErrorAs(t, err, &nae)
+	require.Equal(t, "k", nae.Key)
+	require.NoError(t, held.Release(bg))
+	requireIdle(t, p, "k")
+}
+
+func TestCtxEndingWhileWaitingReturnsCtxErrorAndFnDoesNotRun(t *testing.T) {
+	p, queued := newProvider(t)
+	held := mustAcquire(t, p, "k")
+	var rec recorder
+	ctx, cancel := context.WithCancel(bg)
+	ran := make(chan struct{}, 1)
+	result := make(chan error, 1)
+	go func() {
+		result <- tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k", Timeout: time.Hour}).OnEvent(rec.on).
+			Execute(ctx, func(context.Context) error { ran <- struct{}{}; return nil })
+	}()
+	<-queued
+	cancel()
+	err := <-result
+	require.ErrorIs(t, err, context.Canceled)
+	var nae *tenace.LockNotAcquiredError
+	require.False(t, errors.As(err, &nae), "ctx's end is not the lock's timeout")
+	require.Empty(t, rec.names(), "no lock.rejected when ctx ends")
+	require.Len(t, ran, 0)
+	require.NoError(t, held.Release(bg))
+	requireIdle(t, p, "k")
+}
+
+func TestCtxDeadlineWhileWaitingIsDeadlineExceeded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := tenace.NewMemoryLockProvider()
+		defer p.Close()
+		held := mustAcquire(t, p, "k")
+		ctx, cancel := context.WithTimeout(bg, time.Second)
+		defer cancel()
+		err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"}).Execute(ctx, noop)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.NoError(t, held.Release(bg))
+	})
+}
+
+// TestGrantLandingAsCtxEndsDoesNotRunFn is the source document's "does not
+// run even if the lock is acquired at that moment": the provider grants just
+// as the context ends.
+func TestGrantLandingAsCtxEndsDoesNotRunFn(t *testing.T) {
+	ctx, cancel := context.WithCancel(bg)
+	fp := &fakeProvider{}
+	fp.acquire = func(context.Context, string) (tenace.LockLease, error) {
+		cancel() // the context ends as the grant lands
+		return &fakeLease{p: fp}, nil
+	}
+	ran := false
+	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp, Key: "k"}).
+		Execute(ctx, func(context.Context) error { ran = true; return nil })
+	require.ErrorIs(t, err, context.Canceled)
+	require.False(t, ran)
+	require.Equal(t, 1, fp.releaseCount(), "the grant is released at once")
+	require.NoError(t, fp.released[0].releaseCtx, "with a context that is not cancelled")
+}
+
+// And on the real provider, racing the release against the cancel many
+// times: the call either ran (its grant came first) or returned ctx's error,
+// and after each race nothing is held.
+func TestGrantRacingCtxCancelOnTheMemoryProvider(t *testing.T) {
+	p, queued := newProvider(t, tenace.WithShards(1))
+	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"})
+	ranAfterCancel := 0
+	for range 500 {
+		held := mustAcquire(t, p, "k")
+		ctx, cancel := context.WithCancel(bg)
+		result := make(chan error, 1)
+		go func() {
+			result <- pol.Execute(ctx, func(ctx context.Context) error {
+				return nil
+			})
+		}()
+		<-queued
+		go cancel()
+		require.NoError(t, held.Release(bg))
+		err := <-result
+		if err == nil {
+			ranAfterCancel++ // granted before the cancel: fn ran, correctly
+		} else {
+			require.ErrorIs(t, err, context.Canceled)
+		}
+		require.NoError(t, tenace.SyncProvider(p))
+		require.Zero(t, p.Size())
+	}
+	t.Logf("fn ran %d of 500 times (granted before the cancel)", ranAfterCancel)
+	requireIdle(t, p, "k")
+}
+
+func TestProviderFailureIsUnexpectedError(t *testing.T) {
+	fp := &fakeProvider{acquire: func(context.Context, string) (tenace.LockLease, error) { return nil, errBoom }}
+	ran := false
+	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp, Key: "k"}).
+		Execute(bg, func(context.Context) error { ran = true; return nil })
+	var ue *tenace.UnexpectedError
+	require.ErrorAs(t, err, &ue)
+	require.ErrorIs(t, err, errBoom, "errors.Is reaches the cause")
+	require.ErrorContains(t, err, "boom")
+	require.False(t, ran)
+}
+
+func TestClosedProviderIsUnexpectedErrorWrappingErrProviderClosed(t *testing.T) {
+	p := tenace.NewMemoryLockProvider()
+	require.NoError(t, p.Close())
+	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"}).Execute(bg, noop)
+	var ue *tenace.UnexpectedError
+	require.ErrorAs(t, err, &ue)
+	require.ErrorIs(t, err, tenace.ErrProviderClosed)
+}
+
+func TestWithTimeoutFiringReturnsTimeoutError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var rec recorder
+		fnCtxEnded := false
+		start := time.Now()
+		err := tenace.NewPolicy().WithTimeout(time.Minute).OnEvent(rec.on).Execute(bg, func(ctx context.Context) error {
+			<-ctx.Done()
+			fnCtxEnded = true
+			return ctx.Err()
+		}, tenace.WithKey("job-7"))
+		var te *tenace.TimeoutError
+		require.ErrorAs(t, err, &te)
+		require.Equal(t, time.Minute, te.Timeout)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.True(t, fnCtxEnded)
+		require.Equal(t, time.Minute, time.Since(start))
+		require.Equal(t, []string{"timeout:job-7"}, rec.names(), "the timeout event carries the execution key")
+		require.ErrorContains(t, err, "1m0s")
+	})
+}
+
+func TestTimeoutEventKeyIsEmptyWithoutExecutionKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var rec recorder
+		_ = tenace.NewPolicy().WithTimeout(time.Second).OnEvent(rec.on).Execute(bg, func(ctx context.Context) error {
+			<-ctx.Done()
+			return nil
+		})
+		require.Equal(t, []string{"timeout:"}, rec.names())
+	})
+}
+
+func TestWithTimeoutGivesARealDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_ = tenace.NewPolicy().WithTimeout(time.Minute).Execute(bg, func(ctx context.Context) error {
+			d, ok := ctx.Deadline()
+			require.True(t, ok)
+			require.Equal(t, time.Now().Add(time.Minute), d)
+			return nil
+		})
+	})
+}
+
+func TestWithTimeoutOnAFakeClock(t *testing.T) {
+	clk := fakeclock.New()
+	entered := make(chan struct{})
+	result := make(chan error, 1)
+	go func() {
+		result <- tenace.NewPolicy().WithTimeout(time.Minute).WithClock(clk).Execute(bg, func(ctx context.Context) error {
+			d, ok := ctx.Deadline()
+			if !ok || !d.Equal(clk.Now().Add(time.Minute)) {
+				return errors.New("wrong deadline")
+			}
+			close(entered)
+			<-ctx.Done()
+			return ctx.Err()
+		})
+	}()
+	<-entered
+	clk.Advance(time.Minute)
+	err := <-result
+	var te *tenace.TimeoutError
+	require.ErrorAs(t, err, &te)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Zero(t, clk.Pending())
+}
+
+func TestWithTimeoutReturnsTheParentsErrorWhenTheParentEndsFirst(t *testing.T) {
+	ctx, cancel := context.WithCancel(bg)
+	var rec recorder
+	err := tenace.NewPolicy().WithTimeout(time.Hour).OnEvent(rec.on).Execute(ctx, func(ctx context.Context) error {
+		cancel()
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	var te *tenace.TimeoutError
+	require.False(t, errors.As(err, &te), "the timeout did not fire")
+	require.Empty(t, rec.names())
+}
+
+func TestWithTimeoutWithAParentDeadlineEarlierThanItsOwn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(bg, time.Second)
+		defer cancel()
+		err := tenace.NewPolicy().WithTimeout(time.Hour).Execute(ctx, func(ctx context.Context) error {
+			<-ctx.Done()
+			return ctx.Err()
+		})
+		var te *tenace.TimeoutError
+		require.False(t, errors.As(err, &te), "the parent's deadline is not the step's")
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	})
+}
+
+// The step never returns before fn returns: an outer lock stays held while
+// fn, ignoring its context, runs past the deadline.
+func TestWithTimeoutWaitsForFnAndTheOuterLockStaysHeld(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := tenace.NewMemoryLockProvider()
+		defer p.Close()
+		var fnDone time.Time
+		err := tenace.NewPolicy().WithTimeout(time.Second).WithLock(tenace.LockOptions{Provider: p, Key: "k"}).
+			Execute(bg, func(ctx context.Context) error {
+				time.Sleep(5 * time.Second) // fake time: fn ignores its context
+				l, _ := p.Acquire(bg, "k", tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+				require.Nil(t, l, "the lock is still held after the deadline")
+				fnDone = time.Now()
+				return nil
+			})
+		require.True(t, time.Now().Equal(fnDone), "returned only when fn returned")
+		var te *tenace.TimeoutError
+		require.ErrorAs(t, err, &te)
+		require.Nil(t, te.Err, "fn finished anyway")
+		requireIdle(t, p, "k")
+	})
+}
+
+func TestGetReturnsTheValueOrTheZeroValue(t *testing.T) {
+	p, _ := newProvider(t)
+	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"})
+	v, err := tenace.Get(bg, pol, func(context.Context) (int, error) { return 42, nil })
+	require.NoError(t, err)
+	require.Equal(t, 42, v)
+	v, err = tenace.Get(bg, pol, func(context.Context) (int, error) { return 7, errBoom })
+	require.Same(t, errBoom, err)
+	require.Zero(t, v, "the zero T with any error")
+	v, err = tenace.Get(bg, tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p}), func(context.Context) (int, error) { return 7, nil })
+	require.ErrorIs(t, err, tenace.ErrMissingKey)
+	require.Zero(t, v)
+	requireIdle(t, p, "k")
+}
+
+func TestMisusePanicsWithTenacePrefix(t *testing.T) {
+	pol := tenace.NewPolicy()
+	for name, f := range map[string]func(){
+		"nil fn":       func() { _ = pol.Execute(bg, nil) },
+		"nil strategy": func() { pol.With(nil) },
+		"nil listener": func() { pol.OnEvent(nil) },
+		"nil Get fn":   func() { _, _ = tenace.Get[int](bg, pol, nil) },
+		"nil ctx":      func() { _ = pol.Execute(nil, noop) }, //nolint:staticcheck // the misuse under test
+		"zero shards":  func() { tenace.WithShards(0) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			defer func() {
+				r := recover()
+				require.NotNil(t, r)
+				require.Contains(t, r, "tenace: ")
+			}()
+			f()
+		})
+	}
+}
+
+// ---- Policies ----
+
+func TestStepsWrapTheStepsAddedBeforeThem(t *testing.T) {
+	var log []string
+	pol := tenace.NewPolicy().With(step{"a", &log}).With(step{"b", &log}).With(step{"c", &log})
+	require.NoError(t, pol.Execute(bg, func(context.Context) error { log = append(log, "fn"); return nil }))
+	require.Equal(t, []string{"enter c", "enter b", "enter a", "fn", "leave a", "leave b", "leave c"}, log)
+}
+
+func TestAddingAStepNeverChangesAnEarlierPolicy(t *testing.T) {
+	var log []string
+	base := tenace.NewPolicy().With(step{"base", &log}).With(step{"base2", &log})
+	left := base.With(step{"left", &log})
+	right := base.With(step{"right", &log}) // would overwrite left's step with a shared backing array
+	run := func(p tenace.Policy) []string {
+		log = nil
+		require.NoError(t, p.Execute(bg, noop))
+		return log
+	}
+	require.Equal(t, []string{"enter base2", "enter base", "leave base", "leave base2"}, run(base))
+	require.Equal(t, []string{"enter left", "enter base2", "enter base", "leave base", "leave base2", "leave left"}, run(left))
+	require.Equal(t, []string{"enter right", "enter base2", "enter base", "leave base", "leave base2", "leave right"}, run(right))
+	// Listeners too.
+	var a, b recorder
+	l1 := base.OnEvent(a.on)
+	l2 := base.OnEvent(b.on)
+	require.NoError(t, l1.WithLock(tenace.LockOptions{Provider: &fakeProvider{}, Key: "k"}).Execute(bg, noop))
+	require.NotEmpty(t, a.names())
+	require.Empty(t, b.names(), "l2's listener is not l1's")
+	_ = l2
+}
+
+func TestTimeoutInsideLockBoundsTheWorkNotTheWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := tenace.NewMemoryLockProvider()
+		defer p.Close()
+		held := mustAcquire(t, p, "k")
+		go func() { time.Sleep(2 * time.Minute); _ = held.Release(bg) }()
+		start := time.Now()
+		pol := tenace.NewPolicy().WithTimeout(time.Minute).WithLock(tenace.LockOptions{Provider: p, Key: "k"})
+		err := pol.Execute(bg, func(ctx context.Context) error {
+			require.Equal(t, 2*time.Minute, time.Since(start), "waited past the minute for the lock")
+			d, _ := ctx.Deadline()
+			require.Equal(t, time.Minute, d.Sub(time.Now()), "and still got the whole minute for the work")
+			return nil
+		})
+		require.NoError(t, err)
+	})
+}
+
+func TestTimeoutOutsideLockBoundsTheWaitToo(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := tenace.NewMemoryLockProvider()
+		defer p.Close()
+		held := mustAcquire(t, p, "k")
+		ran := false
+		start := time.Now()
+		err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"}).WithTimeout(time.Minute).
+			Execute(bg, func(context.Context) error { ran = true; return nil })
+		var te *tenace.TimeoutError
+		require.ErrorAs(t, err, &te)
+		require.Equal(t, time.Minute, time.Since(start))
+		require.False(t, ran)
+		require.NoError(t, held.Release(bg))
+		requireIdle(t, p, "k")
+	})
+}
+
+func TestListenersArePolicyWideAndRunInOrder(t *testing.T) {
+	var order []string
+	fp := &fakeProvider{}
+	pol := tenace.NewPolicy().
+		OnEvent(func(e tenace.Event) { order = append(order, "first "+e.Name) }).
+		WithLock(tenace.LockOptions{Provider: fp, Key: "inner"}).
+		WithLock(tenace.LockOptions{Provider: fp, Key: "outer"}).
+		OnEvent(func(e tenace.Event) { order = append(order, "second "+e.Name+":"+e.Key) })
+	require.NoError(t, pol.Execute(bg, noop))
+	require.Equal(t, []string{
+		"first lock.acquired", "second lock.acquired:outer",
+		"first lock.acquired", "second lock.acquired:inner",
+		"first lock.released", "second lock.released:inner",
+		"first lock.released", "second lock.released:outer",
+	}, order, "both listeners see the events of both steps, in the order added")
+}
+
+func TestAPanickingListenerPanicsOnUpAndTheLockIsReleased(t *testing.T) {
+	p, _ := newProvider(t)
+	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"}).OnEvent(func(e tenace.Event) {
+		if e.Name == tenace.EventLockAcquired {
+			panic("listener")
+		}
+	})
+	require.PanicsWithValue(t, "listener", func() { _ = pol.Execute(bg, noop) })
+	requireIdle(t, p, "k")
+}
+
+func TestAPolicyIsSafeToShareBetweenGoroutines(t *testing.T) {
+	p, _ := newProvider(t)
+	pol := tenace.NewPolicy().WithTimeout(time.Minute).WithLock(tenace.LockOptions{Provider: p})
+	counters := map[string]*int{"a": new(int), "b": new(int)}
+	var wg sync.WaitGroup
+	for i := range 8 {
+		key := []string{"a", "b"}[i%2]
+		wg.Go(func() {
+			for range 200 {
+				require.NoError(t, pol.Execute(bg, func(context.Context) error { *counters[key]++; return nil }, tenace.WithKey(key)))
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, 800, *counters["a"])
+	require.Equal(t, 800, *counters["b"])
+	requireIdle(t, p, "a", "b")
+}
+
+// ---- Lock ----
+
+func TestTheLockIsReleasedWhenFnReturnsErrorsOrPanics(t *testing.T) {
+	p, _ := newProvider(t)
+	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"})
+	require.NoError(t, pol.Execute(bg, noop))
+	requireIdle(t, p, "k")
+	require.Error(t, pol.Execute(bg, func(context.Context) error { return errBoom }))
+	requireIdle(t, p, "k")
+	require.PanicsWithValue(t, "fn", func() { _ = pol.Execute(bg, func(context.Context) error { panic("fn") }) })
+	requireIdle(t, p, "k")
+}
+
+func TestTheLockIsReleasedWithAContextThatIsNotCancelled(t *testing.T) {
+	fp := &fakeProvider{}
+	ctx, cancel := context.WithCancel(bg)
+	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp, Key: "k"}).Execute(ctx, func(context.Context) error {
+		cancel()
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 1, fp.releaseCount())
+	require.NoError(t, fp.released[0].releaseCtx, "the release reaches its server")
+}
+
+func TestAFailureToReleaseIsIgnored(t *testing.T) {
+	fp := &fakeProvider{}
+	fp.acquire = func(context.Context, string) (tenace.LockLease, error) {
+		return &fakeLease{p: fp, releaseErr: errBoom}, nil
+	}
+	var rec recorder
+	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp, Key: "k"}).OnEvent(rec.on).Execute(bg, noop)
+	require.NoError(t, err, "the work is done; a distributed lock expires on its own")
+	require.Equal(t, []string{"lock.acquired:k", "lock.released:k"}, rec.names())
+}
+
+func TestTwoPoliciesWithoutProviderExcludeEachOther(t *testing.T) {
+	key := "reports-" + t.Name()
+	p1 := tenace.NewPolicy().WithLock(tenace.LockOptions{Key: key})
+	p2 := tenace.NewPolicy().WithTimeout(time.Minute).WithLock(tenace.LockOptions{Key: key, Timeout: tenace.NoWait})
+	err := p1.Execute(bg, func(context.Context) error {
+		require.Positive(t, tenace.DefaultLockProvider().Size(), "the shared default provider holds it")
+		return p2.Execute(bg, noop)
+	})
+	var nae *tenace.LockNotAcquiredError
+	require.ErrorAs(t, err, &nae, "p2 found the key held by p1")
+	require.NoError(t, p2.Execute(bg, noop), "free again afterwards")
+}
+
+func TestLocksAreNotReentrant(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := tenace.NewMemoryLockProvider()
+		defer p.Close()
+		inner := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Timeout: time.Second})
+		outer := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p})
+		err := outer.Execute(bg, func(ctx context.Context) error {
+			return inner.Execute(ctx, noop, tenace.WithKey("k")) // same key: waits for itself
+		}, tenace.WithKey("k"))
+		var nae *tenace.LockNotAcquiredError
+		require.ErrorAs(t, err, &nae)
+		// Distinct keys nest fine.
+		require.NoError(t, outer.Execute(bg, func(ctx context.Context) error {
+			return inner.Execute(ctx, noop, tenace.WithKey("k2"))
+		}, tenace.WithKey("k")))
+		requireIdle(t, p, "k", "k2")
+	})
+}
+
+func TestTheKeyComesFromTheLockElseTheExecution(t *testing.T) {
+	fp := &fakeProvider{}
+	require.NoError(t, tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp, Key: "lock-key"}).Execute(bg, noop, tenace.WithKey("exec-key")))
+	require.Equal(t, "lock-key", fp.lastCall().key)
+	require.NoError(t, tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp}).Execute(bg, noop, tenace.WithKey("exec-key")))
+	require.Equal(t, "exec-key", fp.lastCall().key)
+}
+
+func TestTimeoutTTLAndClockArePassedToTheProvider(t *testing.T) {
+	fp := &fakeProvider{}
+	clk := fakeclock.New()
+	require.NoError(t, tenace.NewPolicy().WithClock(clk).
+		WithLock(tenace.LockOptions{Provider: fp, Key: "k", Timeout: 3 * time.Second, TTL: 30 * time.Second}).Execute(bg, noop))
+	got := fp.lastCall().opts
+	require.Equal(t, 3*time.Second, got.Timeout)
+	require.Equal(t, 30*time.Second, got.TTL)
+	require.Same(t, clk, got.Clock)
+}
+
+func TestLeaseFromReturnsTheNearestLocksLease(t *testing.T) {
+	p, _ := newProvider(t)
+	var outerTok, innerTok uint64
+	pol := tenace.NewPolicy().
+		With(tenace.NewLock(tenace.LockOptions{Provider: p, Key: "inner"})).
+		With(tenace.NewLock(tenace.LockOptions{Provider: p, Key: "outer"}))
+	_, ok := tenace.LeaseFrom(bg)
+	require.False(t, ok, "no lease outside a Lock")
+	require.NoError(t, pol.Execute(bg, func(ctx context.Context) error {
+		l, ok := tenace.LeaseFrom(ctx)
+		require.True(t, ok)
+		innerTok = l.(tenace.FencedLease).Token()
+		return nil
+	}))
+	require.NoError(t, tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "outer"}).Execute(bg, func(ctx context.Context) error {
+		l, _ := tenace.LeaseFrom(ctx)
+		outerTok = l.(tenace.FencedLease).Token()
+		return nil
+	}))
+	require.NotZero(t, innerTok)
+	require.NotEqual(t, innerTok, outerTok)
+	// A fake provider's lease comes back as it is.
+	fp := &fakeProvider{}
+	require.NoError(t, tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp, Key: "k"}).Execute(bgWithValue, func(ctx context.Context) error {
+		l, ok := tenace.LeaseFrom(ctx)
+		require.True(t, ok)
+		require.IsType(t, &fakeLease{}, l)
+		require.Equal(t, "v", ctx.Value(ctxKey{}), "other values still reach fn")
+		return nil
+	}, tenace.WithKey("k")))
+}
+
+type ctxKey struct{}
+
+func init() { bgWithValue = context.WithValue(context.Background(), ctxKey{}, "v") }
+
+var bgWithValue context.Context
+
+// ---- The source document's Behavior, Error channel and Events ----
+
+func TestDefaultProviderGrantsInArrivalOrderThroughPolicies(t *testing.T) {
+	p, queued := newProvider(t, tenace.WithShards(1))
+	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"})
+	held := mustAcquire(t, p, "k")
+	var order []int
+	results := make([]chan error, 5)
+	for i := range results {
+		results[i] = make(chan error, 1)
+		go func() {
+			results[i] <- pol.Execute(bg, func(context.Context) error { order = append(order, i); return nil })
+		}()
+		<-queued
+	}
+	require.NoError(t, held.Release(bg))
+	for _, r := range results {
+		require.NoError(t, <-r)
+	}
+	require.Equal(t, []int{0, 1, 2, 3, 4}, order)
+	requireIdle(t, p, "k")
+}
+
+func TestSizeCountsKeysHeldOrWaitedForThroughAPolicy(t *testing.T) {
+	p, _ := newProvider(t)
+	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p})
+	require.NoError(t, pol.Execute(bg, func(ctx context.Context) error {
+		return pol.Execute(ctx, func(context.Context) error {
+			require.Equal(t, 2, p.Size())
+			return nil
+		}, tenace.WithKey("b"))
+	}, tenace.WithKey("a")))
+	requireIdle(t, p, "a", "b")
+}
+
+func TestEventsAcquiredAndReleasedCarryTheLockKey(t *testing.T) {
+	p, _ := newProvider(t)
+	var rec recorder
+	require.NoError(t, tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p}).OnEvent(rec.on).Execute(bg, noop, tenace.WithKey("k")))
+	require.Equal(t, []string{"lock.acquired:k", "lock.released:k"}, rec.names())
+}
+
+func TestErrorMessagesSayWhatHappenedAndWhatToDo(t *testing.T) {
+	require.Equal(t, `tenace: lock "reports" not acquired within its timeout: another call holds it; retry later or raise LockOptions.Timeout`,
+		(&tenace.LockNotAcquiredError{Key: "reports"}).Error())
+	require.Equal(t, "tenace: the lock provider failed, so the work did not run: boom", (&tenace.UnexpectedError{Err: errBoom}).Error())
+	require.Contains(t, tenace.ErrMissingKey.Error(), "LockOptions.Key")
+	require.Contains(t, tenace.ErrProviderClosed.Error(), "closed")
+	require.Contains(t, (&tenace.TimeoutError{Timeout: time.Second, Key: "k"}).Error(), `(key "k")`)
+}
