@@ -17,9 +17,9 @@
 // Stopping: [Actor.Stop] asks the loop to exit and waits until it has; it is
 // idempotent and safe from any goroutine but the loop itself. After Stop has
 // been called, [Actor.Send] fails at once with [ErrStopped] instead of
-// blocking. A message that a sender enqueued while the loop was stopping may
-// never be handled: a sender that waits for a reply must also wait on
-// [Actor.Done] (see [Actor.Done] for the pattern).
+// blocking. A Send that returned nil is handled before the loop stops, so a
+// sender that waits for a reply to such a message can wait with a plain
+// receive: the reply comes, from the handler or from OnStop.
 package actor
 
 import (
@@ -64,8 +64,8 @@ type Options[M any] struct {
 // Actor is a goroutine that owns some state and handles typed messages from a
 // buffered mailbox in batches. Create it with [Start].
 type Actor[M any] struct {
-	mailbox  chan M
-	stopping chan struct{} // closed by the first Stop
+	mailbox  chan envelope[M]
+	stopping chan struct{} // closed by the first Stop, before it posts the stop envelope
 	done     chan struct{} // closed when the loop has returned
 	stopped  atomic.Bool   // set by the first Stop, so that close happens once
 
@@ -73,6 +73,15 @@ type Actor[M any] struct {
 	handle func(batch []M)
 	onStop func()
 	batch  []M
+}
+
+// envelope is a mailbox slot: a message, or the stop request. Stopping by a
+// message rather than a second channel lets the loop wait with a plain
+// receive instead of a select, which is most of the cost of an idle loop's
+// wake-up.
+type envelope[M any] struct {
+	m    M
+	stop bool
 }
 
 // Start starts an actor whose loop calls handle with each batch of messages.
@@ -92,7 +101,7 @@ func Start[M any](handle func(batch []M), opts Options[M]) *Actor[M] {
 		opts.Batch = DefaultBatch
 	}
 	a := &Actor[M]{
-		mailbox:  make(chan M, opts.Mailbox),
+		mailbox:  make(chan envelope[M], opts.Mailbox),
 		stopping: make(chan struct{}),
 		done:     make(chan struct{}),
 		handle:   handle,
@@ -110,24 +119,27 @@ func Start[M any](handle func(batch []M), opts Options[M]) *Actor[M] {
 func (a *Actor[M]) loop() {
 	defer close(a.done)
 	for {
-		// Arm both cases; whichever is ready first wins. Once stopping is
-		// closed the loop exits at its next turn even if senders keep the
-		// mailbox busy.
-		select {
-		case m := <-a.mailbox:
-			a.batch = append(a.batch[:0], m)
+		e := <-a.mailbox
+		stop := e.stop
+		if !stop {
+			a.batch = append(a.batch[:0], e.m)
 		drain:
 			for len(a.batch) < cap(a.batch) {
 				select {
-				case m := <-a.mailbox:
-					a.batch = append(a.batch, m)
+				case e := <-a.mailbox:
+					if e.stop {
+						stop = true
+						break drain
+					}
+					a.batch = append(a.batch, e.m)
 				default:
 					break drain
 				}
 			}
 			a.handle(a.batch)
 			clear(a.batch) // drop references so the GC can take them
-		case <-a.stopping:
+		}
+		if stop {
 			if a.onStop != nil {
 				a.onStop()
 			}
@@ -136,56 +148,59 @@ func (a *Actor[M]) loop() {
 	}
 }
 
-// Send enqueues m. It returns nil once m is in the mailbox; [ErrStopped] at
-// once when Stop has been called; ctx's error when ctx ends while the mailbox
-// is full. It blocks only while the mailbox is full.
+// Send enqueues m. It returns nil once m is in the mailbox ahead of any stop
+// request, so the handler will see it; ctx's error when ctx ends while the
+// mailbox is full (m was not sent); and [ErrStopped] when Stop was called
+// before the send, or while it was being made — in that last case m is in
+// the mailbox but the handler may or may not see it. It blocks only while
+// the mailbox is full.
+//
+// Why nil means "will be handled": Stop closes stopping first and only then
+// posts its stop envelope. A sender that finds stopping still open after its
+// send completed knows the close, and so the envelope, came after its
+// message in the mailbox's FIFO order.
 func (a *Actor[M]) Send(ctx context.Context, m M) error {
-	// Check stopping first: a select between a ready mailbox and a closed
-	// stopping channel picks at random, and a send after Stop must fail.
-	select {
-	case <-a.stopping:
+	if a.isStopping() {
 		return ErrStopped
-	default:
 	}
 	select {
-	case a.mailbox <- m:
-		return nil
+	case a.mailbox <- envelope[M]{m: m}:
 	default:
+		select {
+		case a.mailbox <- envelope[M]{m: m}:
+		case <-a.stopping:
+			return ErrStopped
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
-	select {
-	case a.mailbox <- m:
-		return nil
-	case <-a.stopping:
+	if a.isStopping() {
 		return ErrStopped
-	case <-ctx.Done():
-		return ctx.Err()
+	}
+	return nil
+}
+
+func (a *Actor[M]) isStopping() bool {
+	select {
+	case <-a.stopping:
+		return true
+	default:
+		return false
 	}
 }
 
 // Done returns a channel that is closed once the loop has returned (after
-// OnStop). A sender waiting for a reply selects on it too, and on seeing it
-// closed checks its reply channel once more without blocking, because the loop
-// may have replied just before it stopped:
-//
-//	select {
-//	case r := <-reply:
-//		use(r)
-//	case <-a.Done():
-//		select {
-//		case r := <-reply:
-//			use(r)
-//		default:
-//			// stopped without replying
-//		}
-//	}
+// OnStop).
 func (a *Actor[M]) Done() <-chan struct{} { return a.done }
 
-// Stop asks the loop to exit and waits until it has. It is idempotent and may
-// be called from any goroutine except the loop's own (from the handler it
-// would wait for itself forever).
+// Stop asks the loop to exit and waits until it has: the loop handles every
+// message that was ahead of the stop request, runs OnStop and returns. Stop
+// is idempotent and may be called from any goroutine except the loop's own
+// (from the handler it would wait for itself forever).
 func (a *Actor[M]) Stop() {
 	if a.stopped.CompareAndSwap(false, true) {
 		close(a.stopping)
+		a.mailbox <- envelope[M]{stop: true} // blocks only while the mailbox is full; the loop drains it
 	}
 	<-a.done
 }

@@ -1,0 +1,56 @@
+# tenace for Go. `make test` is what CI runs (.ci/run).
+GO       ?= go
+FUZZTIME ?= 30s
+# Every module of the workspace (go.work); ./... alone covers only the core.
+PKGS     := ./... ./bench/...
+
+.PHONY: test test-race test-allocs test-verify bench bench-quick fuzz mutants lint cover run
+
+## test: everything CI checks, on every module
+test: test-race test-allocs test-verify
+
+## test-race: every test of every module under the race detector
+test-race:
+	$(GO) test -race -count=1 $(PKGS)
+
+## test-allocs: the allocation budgets (sync.Pool drops items under -race, so they run without it)
+test-allocs:
+	$(GO) test -count=1 -run 'Alloc' ./tenace/...
+
+## test-verify: the lock manager with the table's invariant check after every message
+test-verify:
+	$(GO) test -race -count=1 -tags tenace_verify ./tenace/ ./tenace/shard/
+
+## run: the load tool on the in-process provider (the README's first command)
+run:
+	$(GO) run ./bench
+
+## bench: every benchmark, with allocations
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./tenace/ ./bench/
+
+## bench-quick: the named subset for before/after comparisons with benchstat (< 5 min)
+bench-quick:
+	$(GO) test -run '^$$' -count 6 -benchmem \
+		-bench 'Floor|Lock/(tenace|semaphore|pipeline)/(distinct|hot|zipf|cancel)/g=(1|256)$$' ./bench/
+
+## fuzz: each fuzz target for FUZZTIME, one after another
+fuzz:
+	@set -e; for t in $$($(GO) test -list 'Fuzz.*' ./fuzz/ | grep '^Fuzz'); do \
+		echo "== $$t ($(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) ./fuzz/; \
+	done
+
+## mutants: run the fuzz targets against each deliberately broken lock manager
+mutants:
+	./scripts/mutants
+
+## lint: go vet and gofmt over every module
+lint:
+	$(GO) vet $(PKGS)
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+## cover: coverage of the core packages
+cover:
+	$(GO) test -count=1 -coverprofile=cover.out ./tenace/...
+	$(GO) tool cover -func=cover.out | tail -1

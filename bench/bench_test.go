@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+)
+
+// BenchmarkFloor is what no lock can beat: a request/reply round trip to
+// another goroutine over buffered channels (the floor of any actor design),
+// and an uncontended sync.Mutex.
+func BenchmarkFloor(b *testing.B) {
+	b.Run("chan-rtt", func(b *testing.B) {
+		req, rep := make(chan int, 1), make(chan int, 1)
+		go func() {
+			for r := range req {
+				rep <- r
+			}
+		}()
+		defer close(req)
+		b.ReportAllocs()
+		for b.Loop() {
+			req <- 1
+			<-rep
+		}
+	})
+	b.Run("mutex", func(b *testing.B) {
+		var mu sync.Mutex
+		b.ReportAllocs()
+		for b.Loop() {
+			mu.Lock()
+			mu.Unlock() //nolint:staticcheck // the empty critical section is the point
+		}
+	})
+}
+
+var goroutineCounts = []int{1, 16, 256}
+
+// BenchmarkLock is BenchmarkLock/<impl>/<scenario>/g=<N>: one op is one
+// acquire + release with nothing done while holding; ns/op is wall time over
+// all goroutines' ops.
+func BenchmarkLock(b *testing.B) {
+	for _, impl := range impls {
+		b.Run(impl.name, func(b *testing.B) {
+			for _, sc := range scenarios {
+				b.Run(sc, func(b *testing.B) {
+					for _, g := range goroutineCounts {
+						b.Run(fmt.Sprintf("g=%d", g), func(b *testing.B) {
+							l := impl.make(0)
+							defer l.Close()
+							if sc == "cancel" && !l.TakesContext() {
+								b.Skip("takes no context")
+							}
+							ws := newWorkers(sc, g, 0)
+							b.ReportAllocs()
+							b.ResetTimer()
+							d := runFixed(l, ws, b.N)
+							b.StopTimer()
+							b.ReportMetric(float64(d.Nanoseconds())/float64(b.N), "wall-ns/op")
+						})
+					}
+				})
+			}
+		})
+	}
+}
+
+const waiters = 100_000
+
+// BenchmarkWaiters measures the heap each goroutine waiting on a held key
+// costs, beyond a goroutine blocked on a plain channel (whose runtime record
+// and stack both sides pay): 100,000 waiters on one key.
+func BenchmarkWaiters(b *testing.B) {
+	for _, name := range []string{"tenace", "semaphore", "moby"} {
+		b.Run(name, func(b *testing.B) {
+			var heap, stack float64
+			for b.Loop() {
+				baseHeap, baseStack := measureWaiters(func(block chan struct{}) (func(), func()) {
+					return func() { <-block }, func() { close(block) }
+				})
+				l, _ := makeLocker(name, 1)
+				holding, release := make(chan struct{}), make(chan struct{})
+				go func() {
+					_ = l.Do(context.Background(), "k", func(context.Context) error { close(holding); <-release; return nil })
+				}()
+				<-holding
+				h, s := measureWaiters(func(chan struct{}) (func(), func()) {
+					return func() { _ = l.Do(context.Background(), "k", noop) }, func() { close(release) }
+				})
+				l.Close()
+				heap, stack = (h-baseHeap)/waiters, (s-baseStack)/waiters
+			}
+			b.ReportMetric(heap, "heap-B/waiter")
+			b.ReportMetric(stack, "stack-B/waiter")
+		})
+	}
+}
+
+// measureWaiters starts waiters goroutines that each run wait(), and returns
+// the heap and stack growth once they have all settled; then it calls
+// release and waits for them to end. "Settled" is judged by the heap: it
+// stops growing once every goroutine is parked (a benchmark's estimate, not
+// a synchronisation).
+func measureWaiters(mk func(block chan struct{}) (wait, release func())) (heap, stack float64) {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	h0, s0 := ms.HeapAlloc, ms.StackInuse
+	wait, release := mk(make(chan struct{}))
+	var started, done sync.WaitGroup
+	for range waiters {
+		started.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			started.Done()
+			wait()
+		}()
+	}
+	started.Wait()
+	var last uint64
+	for stable := 0; stable < 3; {
+		time.Sleep(20 * time.Millisecond)
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		if ms.HeapAlloc == last {
+			stable++
+		} else {
+			stable, last = 0, ms.HeapAlloc
+		}
+	}
+	heap, stack = float64(ms.HeapAlloc)-float64(h0), float64(ms.StackInuse)-float64(s0)
+	release()
+	done.Wait()
+	return heap, stack
+}

@@ -1,0 +1,31 @@
+module tenace.dev/bench
+
+go 1.25
+
+require (
+	github.com/HdrHistogram/hdrhistogram-go v1.4.0
+	github.com/moby/locker v1.0.1
+	github.com/stretchr/testify v1.12.1
+	go.uber.org/goleak v1.3.0
+	golang.org/x/sync v0.19.0
+	gonum.org/v1/plot v0.17.0
+	k8s.io/utils v0.0.0-20260210185600-b8788abfbbc2
+	tenace.dev v0.0.0
+)
+
+require (
+	codeberg.org/go-fonts/liberation v0.5.0 // indirect
+	codeberg.org/go-latex/latex v0.2.0 // indirect
+	codeberg.org/go-pdf/fpdf v0.11.1 // indirect
+	git.sr.ht/~sbinet/gg v0.7.0 // indirect
+	github.com/ajstarks/svgo v0.0.0-20211024235047-1546f124cd8b // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/image v0.30.0 // indirect
+	golang.org/x/text v0.28.0 // indirect
+)
+
+// The core module lives in the parent directory; go.work ties them for
+// development, and this replace lets the bench module build on its own too.
+replace tenace.dev => ../

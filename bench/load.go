@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+)
+
+// cell is one run: an implementation, a scenario, a goroutine count.
+type cell struct {
+	Impl       string        `json:"impl"`
+	Scenario   string        `json:"scenario"`
+	Goroutines int           `json:"goroutines"`
+	Keys       int           `json:"keys,omitempty"`
+	Hold       time.Duration `json:"hold_ns"`
+	Shards     int           `json:"shards,omitempty"`
+	Duration   time.Duration `json:"duration_ns"`
+}
+
+// result is what a cell measured.
+type result struct {
+	cell
+	Ops       int64         `json:"ops"`
+	Gaveup    int64         `json:"gave_up"` // acquires whose context ended first (cancel scenario)
+	Elapsed   time.Duration `json:"elapsed_ns"`
+	OpsPerSec float64       `json:"ops_per_sec"`
+	P50       time.Duration `json:"p50_ns"`
+	P99       time.Duration `json:"p99_ns"`
+	P999      time.Duration `json:"p999_ns"`
+	Max       time.Duration `json:"max_ns"`
+	// MaxInside is the most goroutines ever seen inside one key's critical
+	// section at once. Anything but 1 is a broken lock.
+	MaxInside int32 `json:"max_inside"`
+}
+
+// holdFor spends d inside the critical section: a busy wait below 50µs,
+// where a sleep's timer granularity would dominate, a sleep above.
+func holdFor(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	if d >= 50*time.Microsecond {
+		time.Sleep(d)
+		return
+	}
+	for t0 := time.Now(); time.Since(t0) < d; {
+	}
+}
+
+// runCell runs c for c.Duration and measures it. progress, if set, gets a
+// line about every 250ms.
+func runCell(c cell, progress io.Writer, label string) (result, error) {
+	l, ok := makeLocker(c.Impl, c.Shards)
+	if !ok {
+		return result{}, fmt.Errorf("unknown implementation %q", c.Impl)
+	}
+	defer l.Close()
+	ws := newWorkers(c.Scenario, c.Goroutines, c.Keys)
+
+	// One counter per key, aligned with each worker's sequence, for the
+	// holders-inside check.
+	counters := map[string]*atomic.Int32{}
+	inside := make([][]*atomic.Int32, len(ws))
+	for i, w := range ws {
+		inside[i] = make([]*atomic.Int32, len(w.keys))
+		for j, k := range w.keys {
+			if counters[k] == nil {
+				counters[k] = new(atomic.Int32)
+			}
+			inside[i][j] = counters[k]
+		}
+	}
+
+	var (
+		stop      atomic.Bool
+		ops, gave atomic.Int64
+		maxInside atomic.Int32
+		wg        sync.WaitGroup
+		ready     sync.WaitGroup
+		start     = make(chan struct{})
+		hists     = make([]*hdrhistogram.Histogram, len(ws))
+	)
+	for i, w := range ws {
+		h := hdrhistogram.New(1, int64(time.Minute), 2)
+		hists[i] = h
+		var t0 time.Time
+		var ctr *atomic.Int32
+		w.fn = func(context.Context) error {
+			_ = h.RecordValue(int64(time.Since(t0)))
+			n := ctr.Add(1)
+			for m := maxInside.Load(); n > m && !maxInside.CompareAndSwap(m, n); m = maxInside.Load() {
+			}
+			holdFor(c.Hold)
+			ctr.Add(-1)
+			return nil
+		}
+		wg.Add(1)
+		ready.Add(1)
+		go func() {
+			defer wg.Done()
+			ready.Done()
+			<-start
+			ctx := context.Background()
+			var n int64
+			for j := 0; !stop.Load(); j++ {
+				ctr = inside[i][(w.offset+j)%len(w.keys)]
+				t0 = time.Now()
+				if err := w.op(ctx, l, j); err != nil {
+					gave.Add(1)
+				}
+				if n++; n == 64 {
+					ops.Add(n)
+					n = 0
+				}
+			}
+			ops.Add(n)
+		}()
+	}
+	ready.Wait()
+	began := time.Now()
+	close(start)
+	tick := time.NewTicker(250 * time.Millisecond)
+	deadline := time.NewTimer(c.Duration)
+loop:
+	for {
+		select {
+		case <-tick.C:
+			if progress != nil {
+				el := time.Since(began)
+				fmt.Fprintf(progress, "\r%-40s %5.1fs  %12.0f ops/s ", label, el.Seconds(), float64(ops.Load())/el.Seconds())
+			}
+		case <-deadline.C:
+			break loop
+		}
+	}
+	tick.Stop()
+	stop.Store(true)
+	wg.Wait()
+	elapsed := time.Since(began)
+	if progress != nil {
+		fmt.Fprintf(progress, "\r%-70s\r", "")
+	}
+	all := hdrhistogram.New(1, int64(time.Minute), 2)
+	for _, h := range hists {
+		all.Merge(h)
+	}
+	r := result{
+		cell:      c,
+		Ops:       ops.Load(),
+		Gaveup:    gave.Load(),
+		Elapsed:   elapsed,
+		OpsPerSec: float64(ops.Load()) / elapsed.Seconds(),
+		P50:       time.Duration(all.ValueAtQuantile(50)),
+		P99:       time.Duration(all.ValueAtQuantile(99)),
+		P999:      time.Duration(all.ValueAtQuantile(99.9)),
+		Max:       time.Duration(all.Max()),
+		MaxInside: maxInside.Load(),
+	}
+	return r, nil
+}

@@ -1,0 +1,179 @@
+// Command bench is tenace's load tool: it runs keyed locks — tenace and the
+// locks Go developers use today — through contention scenarios, and prints
+// throughput, acquire latency percentiles and a mutual-exclusion check.
+//
+//	go run ./bench                 # the comparison matrix, about a minute
+//	go run ./bench -impl tenace,semaphore -scenario hot -goroutines 64 -hold 10us
+//	go run ./bench -out results    # also writes results.md, results.json, chart.svg
+//
+// The Go benchmarks of the same implementations are in bench_test.go:
+// go test ./bench -bench . -benchmem.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// defaults of the no-flag comparison matrix: 4 × 3 × 3 cells of 1.5 s, about
+// 60 s in all.
+var (
+	defaultImpls      = []string{"tenace", "moby", "keymutex", "semaphore"}
+	defaultScenarios  = []string{"distinct", "hot", "zipf"}
+	defaultGoroutines = []int{1, 16, 256}
+)
+
+type config struct {
+	impls      []string
+	scenarios  []string
+	goroutines []int
+	keys       int
+	hold       time.Duration
+	duration   time.Duration
+	shards     int
+	out        string
+	quiet      bool
+}
+
+func parse(args []string, stderr io.Writer) (config, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var names []string
+	for _, i := range impls {
+		names = append(names, i.name)
+	}
+	impl := fs.String("impl", strings.Join(defaultImpls, ","), "implementations, comma-separated: "+strings.Join(names, ", "))
+	scenario := fs.String("scenario", strings.Join(defaultScenarios, ","), "scenarios, comma-separated: "+strings.Join(scenarios, ", "))
+	gs := fs.String("goroutines", "1,16,256", "goroutine counts, comma-separated")
+	keys := fs.Int("keys", 0, "keys per goroutine for distinct (default 16), keys in all for zipf (default 10000)")
+	hold := fs.Duration("hold", 0, "time spent inside the critical section")
+	duration := fs.Duration("duration", 1500*time.Millisecond, "how long each cell runs")
+	shards := fs.Int("shards", 0, "shards of the tenace provider (0: its default, GOMAXPROCS)")
+	out := fs.String("out", "", "directory to write results.md, results.json and chart.svg into")
+	quiet := fs.Bool("quiet", false, "no live progress line")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: go run ./bench [flags]\n\nRuns keyed locks through contention scenarios and prints a table.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	bad := func(format string, a ...any) (config, error) {
+		err := fmt.Errorf(format, a...)
+		fmt.Fprintf(stderr, "bench: %v\n\n", err)
+		fs.Usage()
+		return config{}, err
+	}
+	if fs.NArg() > 0 {
+		return bad("unexpected argument %q: every setting is a flag", fs.Arg(0))
+	}
+	c := config{keys: *keys, hold: *hold, duration: *duration, shards: *shards, out: *out, quiet: *quiet}
+	for _, n := range split(*impl) {
+		if !slices.Contains(names, n) {
+			return bad("-impl: unknown implementation %q (known: %s)", n, strings.Join(names, ", "))
+		}
+		c.impls = append(c.impls, n)
+	}
+	for _, s := range split(*scenario) {
+		if !slices.Contains(scenarios, s) {
+			return bad("-scenario: unknown scenario %q (known: %s)", s, strings.Join(scenarios, ", "))
+		}
+		c.scenarios = append(c.scenarios, s)
+	}
+	for _, g := range split(*gs) {
+		n, err := strconv.Atoi(g)
+		if err != nil || n < 1 {
+			return bad("-goroutines: %q is not a positive whole number", g)
+		}
+		c.goroutines = append(c.goroutines, n)
+	}
+	switch {
+	case len(c.impls) == 0 || len(c.scenarios) == 0 || len(c.goroutines) == 0:
+		return bad("-impl, -scenario and -goroutines each need at least one value")
+	case c.keys < 0:
+		return bad("-keys must not be negative, got %d", c.keys)
+	case c.keys == 1 && slices.Contains(c.scenarios, "zipf"):
+		return bad("-keys 1 leaves zipf nothing to draw from: use hot for a single key")
+	case c.hold < 0:
+		return bad("-hold must not be negative, got %v", c.hold)
+	case c.duration <= 0:
+		return bad("-duration must be positive, got %v", c.duration)
+	case c.shards < 0:
+		return bad("-shards must not be negative, got %d", c.shards)
+	}
+	return c, nil
+}
+
+func split(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	c, err := parse(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		return 2
+	}
+	var cells []cell
+	for _, sc := range c.scenarios {
+		for _, g := range c.goroutines {
+			for _, impl := range c.impls {
+				l, _ := makeLocker(impl, c.shards)
+				takesCtx := l.TakesContext()
+				l.Close()
+				if sc == "cancel" && !takesCtx {
+					continue // takes no context: nothing to cancel
+				}
+				cells = append(cells, cell{Impl: impl, Scenario: sc, Goroutines: g, Keys: c.keys, Hold: c.hold, Shards: c.shards, Duration: c.duration})
+			}
+		}
+	}
+	fmt.Fprintf(stdout, "tenace load tool — %s; %d cells of %v, hold %v\n\n", machine(), len(cells), c.duration, c.hold)
+	printHeader(stdout)
+	var progress io.Writer
+	if !c.quiet {
+		progress = stderr
+	}
+	var rs []result
+	broken := false
+	for i, cl := range cells {
+		label := fmt.Sprintf("[%d/%d] %s %s g=%d", i+1, len(cells), cl.Impl, cl.Scenario, cl.Goroutines)
+		r, err := runCell(cl, progress, label)
+		if err != nil {
+			fmt.Fprintf(stderr, "bench: %v\n", err)
+			return 1
+		}
+		rs = append(rs, r)
+		printRow(stdout, r, baseOf(rs, r))
+		broken = broken || r.MaxInside > 1
+	}
+	if c.out != "" {
+		if err := writeOutputs(c.out, rs); err != nil {
+			fmt.Fprintf(stderr, "bench: writing -out: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "\nwrote %s/results.md, results.json, chart.svg\n", c.out)
+	}
+	if broken {
+		fmt.Fprintln(stderr, "bench: an implementation let two holders into one key at once")
+		return 1
+	}
+	return 0
+}

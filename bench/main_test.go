@@ -1,0 +1,81 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestBadFlagsGetAMessageTheUsageAndExitCode2(t *testing.T) {
+	for _, args := range [][]string{
+		{"-impl", "nope"},
+		{"-scenario", "lukewarm"},
+		{"-goroutines", "0"},
+		{"-goroutines", "x"},
+		{"-duration", "-1s"},
+		{"-hold", "-1ms"},
+		{"-shards", "-2"},
+		{"-keys", "-1"},
+		{"-nosuchflag"},
+		{"stray"},
+	} {
+		out, errOut := runCapture(t, args)
+		require.Equal(t, 2, out.code, "%v", args)
+		require.Contains(t, errOut, "usage: go run ./bench", "%v", args)
+	}
+}
+
+// Every implementation, every scenario, a short cell: the tool runs, counts
+// operations, and no key ever had two holders.
+func TestEveryCellRunsAndKeepsMutualExclusion(t *testing.T) {
+	for _, impl := range impls {
+		for _, sc := range scenarios {
+			l, _ := makeLocker(impl.name, 0)
+			takes := l.TakesContext()
+			l.Close()
+			if sc == "cancel" && !takes {
+				continue
+			}
+			r, err := runCell(cell{Impl: impl.name, Scenario: sc, Goroutines: 8, Hold: time.Microsecond, Duration: 50 * time.Millisecond}, nil, "")
+			require.NoError(t, err)
+			require.Positive(t, r.Ops, "%s %s", impl.name, sc)
+			require.Equal(t, int32(1), r.MaxInside, "%s %s: holders inside one key", impl.name, sc)
+			require.Positive(t, r.P50)
+		}
+	}
+}
+
+func TestOutWritesTheTableJSONAndChart(t *testing.T) {
+	dir := t.TempDir()
+	out, _ := runCapture(t, []string{"-impl", "tenace,moby", "-scenario", "hot", "-goroutines", "1,4", "-duration", "30ms", "-quiet", "-out", dir})
+	require.Equal(t, 0, out.code)
+	require.Contains(t, out.stdout, "tenace")
+	for _, f := range []string{"results.md", "results.json", "chart.svg"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		require.NoError(t, err)
+		require.NotEmpty(t, b)
+	}
+	md, _ := os.ReadFile(filepath.Join(dir, "results.md"))
+	require.Equal(t, 1+1+1+4, strings.Count(string(md), "\n")-1, "machine line, header, separator, 4 rows")
+}
+
+type captured struct {
+	code   int
+	stdout string
+}
+
+// runCapture runs the tool with args and returns its exit code, stdout and
+// stderr.
+func runCapture(t *testing.T, args []string) (captured, string) {
+	t.Helper()
+	var stdout, stderr strings.Builder
+	code := run(args, &stdout, &stderr)
+	return captured{code, stdout.String()}, stderr.String()
+}

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// worker is one goroutine's share of a run: its key sequence and, for the
+// cancel scenario, which operations carry a short-lived context.
+type worker struct {
+	keys   []string
+	offset int // where this worker starts in a shared sequence
+	cancel bool
+	fn     func(context.Context) error // what runs under the lock; made once per worker
+}
+
+func noop(context.Context) error { return nil }
+
+// key is the key of operation i.
+func (w *worker) key(i int) string { return w.keys[(w.offset+i)%len(w.keys)] }
+
+// op runs operation i of w on l.
+func (w *worker) op(ctx context.Context, l Locker, i int) error {
+	key := w.key(i)
+	if w.cancel && i%10 == 9 {
+		c, stop := context.WithTimeout(ctx, cancelWait*time.Nanosecond)
+		err := l.Do(c, key, w.fn)
+		stop()
+		return err
+	}
+	return l.Do(ctx, key, w.fn)
+}
+
+func newWorkers(scenario string, g, keys int) []*worker {
+	ws := make([]*worker, g)
+	for i := range ws {
+		ws[i] = &worker{keys: keySeq(scenario, i, keys), offset: i * 7919, cancel: scenario == "cancel", fn: noop}
+	}
+	return ws
+}
+
+// runFixed runs n operations split over the workers, each on its own
+// goroutine, all released at once; it returns the wall time from the release
+// to the last goroutine's end.
+func runFixed(l Locker, ws []*worker, n int) time.Duration {
+	var ready, done sync.WaitGroup
+	start := make(chan struct{})
+	ctx := context.Background()
+	per, extra := n/len(ws), n%len(ws)
+	for i, w := range ws {
+		count := per
+		if i < extra {
+			count++
+		}
+		ready.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			ready.Done()
+			<-start
+			for j := range count {
+				_ = w.op(ctx, l, j)
+			}
+		}()
+	}
+	ready.Wait()
+	t0 := time.Now()
+	close(start)
+	done.Wait()
+	return time.Since(t0)
+}

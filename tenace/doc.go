@@ -1,0 +1,93 @@
+// Package tenace makes a call resilient through a policy pipeline. Its
+// centrepiece is the Lock step: run the work while holding a lock on a key,
+// so that calls with the same key run one at a time.
+//
+//	lock := tenace.NewLock(tenace.LockOptions{Key: "reports", Timeout: 5 * time.Second})
+//	p := tenace.NewPolicy().WithTimeout(time.Minute).With(lock)
+//	err := p.Execute(ctx, buildReport)
+//
+// # Policies
+//
+// A Policy is an immutable list of steps. Each With... method returns a new
+// policy; the one it was called on is unchanged, so policies are built once
+// and shared freely between goroutines. A step wraps the steps added before
+// it: the first added runs innermost, closest to fn, and the last added runs
+// first. In the example above the lock is outermost: it is acquired, then the
+// one-minute timeout starts, then buildReport runs; the minute bounds the
+// work, and the lock's Timeout bounds the wait. Written
+// NewPolicy().With(lock).WithTimeout(time.Minute), the minute bounds the wait
+// and the work together.
+//
+// Execute runs fn through the steps; Get does the same for a function that
+// returns a value. The execution key, passed with WithKey, is the lock key of
+// every Lock that names none.
+//
+// # The Lock step
+//
+// LockOptions, every field optional:
+//
+//	Provider  what hands out the locks        nil: DefaultLockProvider(), shared by all
+//	Key       the lock key                    "": the execution key (WithKey); one is required
+//	Timeout   longest wait for the lock       0: as long as ctx allows; NoWait: try once
+//	TTL       longest hold, for providers     0: the provider's default
+//	          whose locks expire
+//
+// The default MemoryLockProvider gives one holder per key, in arrival order,
+// within the process. Every Lock without a Provider shares it, so two
+// policies that each WithLock(LockOptions{Key: "reports"}) exclude each
+// other. Locks are not reentrant: a call that waits for a key it already
+// holds, such as a nested policy locking the same execution key, waits until
+// its Timeout, or forever without one. Give nested locks distinct keys.
+//
+// The lock is released when the inner steps return, normally, with an
+// error or by panic, with a context that is not cancelled (so that a
+// distributed release still reaches its server); a failure to release is
+// ignored, because a distributed lock expires on its own and the work is
+// done. Inside fn, LeaseFrom returns the lease, whose fencing token
+// (FencedLease) a resource can check.
+//
+// # Errors
+//
+// What Execute returns:
+//
+//	fn returned err                          err, unchanged
+//	ctx already ended on entry               ctx's error; nothing runs
+//	no key from the lock nor the execution   ErrMissingKey; nothing runs
+//	an option out of range                   an error wrapping ErrInvalidOption, naming it
+//	lock not acquired within its Timeout     *LockNotAcquiredError{Key}; event lock.rejected
+//	ctx ends while waiting for the lock      ctx's error; fn does not run, even if the
+//	                                         grant lands at that moment
+//	the provider fails                       *UnexpectedError wrapping the cause
+//	WithTimeout's deadline passes            *TimeoutError; errors.Is context.DeadlineExceeded
+//	Get with any error                       the zero value and the error
+//
+// Programming mistakes (a nil fn, a nil step, WithShards(0)) panic with a
+// "tenace: " prefix; nothing passed at run time does.
+//
+// # Events
+//
+// OnEvent listeners are policy-wide: each sees every event of every step,
+// synchronously, in the order the listeners were added. Event names:
+//
+//	lock.rejected  EventLockRejected  the lock was not acquired in time; Key: the lock key
+//	lock.acquired  EventLockAcquired  the lock is held; the inner steps run next
+//	lock.released  EventLockReleased  the inner steps returned; the lock was released
+//	timeout        EventTimeout       a WithTimeout deadline passed; Key: the execution key
+//
+// A listener that panics: the panic goes on up through Execute, and the lock
+// is still released.
+//
+// # Providers
+//
+// A LockProvider hands out leases. MemoryLockProvider is the in-process one,
+// built as actors: keys hash with xxhash to N shard goroutines, each of which
+// alone owns its keys' FIFO wait queues, with no mutex (see package
+// tenace.dev/tenace/shard for the design and its invariants). The
+// distributed provider on Redis is tenace.dev/tenace/redislock.
+//
+// # Writing a step
+//
+// A step implements Strategy (package tenace.dev/tenace/policy): Run gets
+// the context, the call's Execution (key, clock, events) and a Next that
+// runs the inner steps. Add it with Policy.With.
+package tenace

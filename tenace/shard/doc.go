@@ -1,0 +1,49 @@
+// Package shard is the lock manager's core: one shard's lock table as a pure
+// state machine ([Table]), the shard goroutine that runs it ([Shard]), and
+// the [Group] that routes each key to its shard.
+//
+// # Design
+//
+//	callers (any goroutine)                    shard goroutines
+//	─────────────────────────                 ─────────────────────────────
+//	Acquire(k) ──┐  xxhash(k)·N>>64            ┌──────────────────────────┐
+//	Release(k) ──┼──────────────► mailbox ───► │ actor loop: drain batch, │
+//	cancel(w)  ──┘   (buffered chan,           │ apply to Table, publish  │
+//	                  FIFO per shard)          │ size, deliver replies    │
+//	                                           └────────────┬─────────────┘
+//	waiter's reply chan (buffer 1) ◄──── grant / refused / cancelled / closed
+//
+// Each shard goroutine alone owns its Table: the holders and FIFO wait
+// queues of its keys. Acquire, cancel and release reach it only as messages
+// on its mailbox (package actor); grants go back on a per-waiter reply
+// channel with a buffer of one, so the shard never blocks on a caller that
+// stopped listening. No mutex, semaphore or spin lock guards the lock state:
+// ownership by one goroutine is the whole concurrency story, and the
+// mailbox's FIFO order is the whole ordering story.
+//
+// The Table is where the protocol lives, with no goroutines, channels or
+// clock: methods take a request and return its effects (the waiter granted
+// now). That makes every rule of the lock manager testable step by step
+// against a plain model, and the shard goroutine a thin loop: receive a
+// batch, call the table, publish the size, deliver the replies.
+//
+// # Fairness
+//
+// A key is granted in arrival order: the order in which its shard receives
+// the acquire messages. Two callers that call Acquire at once arrive in the
+// order their sends land in the mailbox. The exceptions are listed on
+// [Table]: a Try never queues (and never overtakes: a key with waiters is
+// never free), a waiter that gives up leaves the queue, and a grant that
+// lands as its waiter gives up passes to the next waiter.
+//
+// # Abort during grant
+//
+// A caller gives up (context ended, timeout) at the moment the shard may be
+// granting it. [Shard.Acquire] documents how that race always ends with the
+// key either in the caller's hands or passed on, never leaked.
+//
+// # Verifying
+//
+// Build with -tags tenace_verify to run [Table.CheckInvariants] after every
+// message each shard applies.
+package shard
