@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
 
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/internal/fakeclock"
+	"tenace.dev/tenace/internal/proptest"
 )
 
 func noop(context.Context) error { return nil }
@@ -659,4 +661,13 @@ func TestErrorMessagesSayWhatHappenedAndWhatToDo(t *testing.T) {
 	require.Contains(t, tenace.ErrMissingKey.Error(), "LockOptions.Key")
 	require.Contains(t, tenace.ErrProviderClosed.Error(), "closed")
 	require.Contains(t, (&tenace.TimeoutError{Timeout: time.Second, Key: "k"}).Error(), `(key "k")`)
+}
+
+// TestPolicyMatchesTheTable draws pipeline shapes and executions and checks
+// each against an independent reckoning of the "What Execute returns" table
+// (see proptest.PolicyProperty), on the fake clock of a synctest bubble.
+func TestPolicyMatchesTheTable(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rapid.Check(proptest.BubbleTB{T: t}, proptest.PolicyProperty)
+	})
 }
