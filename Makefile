@@ -2,15 +2,26 @@
 GO       ?= go
 FUZZTIME ?= 30s
 # Every module of the workspace (go.work); ./... alone covers only the core.
-PKGS     := ./... ./bench/...
+PKGS     := ./... ./bench/... ./tenace/redislock/...
 
-.PHONY: test test-race test-allocs test-verify bench bench-quick fuzz mutants lint cover run
+# The Redis tests need redis-server; as root, make test installs it.
+.PHONY: ensure-redis test test-race test-allocs test-verify bench bench-quick fuzz mutants lint cover run
 
 ## test: everything CI checks, on every module
 test: test-race test-allocs test-verify
 
+## ensure-redis: install redis-server if it is missing (root), or say what to install
+ensure-redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing redis-server (apt-get)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+		else \
+			echo "make test needs redis-server: run 'sudo apt-get install redis-server'"; exit 1; \
+		fi; }
+
 ## test-race: every test of every module under the race detector
-test-race:
+test-race: ensure-redis
 	$(GO) test -race -count=1 $(PKGS)
 
 ## test-allocs: the allocation budgets (sync.Pool drops items under -race, so they run without it)
@@ -38,7 +49,7 @@ bench-quick:
 fuzz:
 	@set -e; for t in $$($(GO) test -list 'Fuzz.*' ./fuzz/ | grep '^Fuzz'); do \
 		echo "== $$t ($(FUZZTIME))"; \
-		$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) ./fuzz/; \
+		$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./fuzz/; \
 	done
 
 ## mutants: run the fuzz targets against each deliberately broken lock manager

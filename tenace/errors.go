@@ -22,6 +22,12 @@ var ErrProviderClosed = errors.New("tenace: the lock provider is closed; create 
 // Nothing runs.
 var ErrInvalidOption = policy.ErrInvalidOption
 
+// ErrLeaseExpired is the cause (context.Cause) of the context a Lock gives
+// the inner steps when its lease expired while they ran (see ExpiringLease):
+// the lock may now be held by another caller, so the work should stop and
+// not commit what it did.
+var ErrLeaseExpired = errors.New("tenace: the lock's lease expired while the work ran; another caller may hold the lock now, so stop and do not commit")
+
 // errDefaultClose is returned by Close on the default provider.
 var errDefaultClose = errors.New("tenace: DefaultLockProvider() lives as long as the process and cannot be closed; close only providers you created with NewMemoryLockProvider")
 

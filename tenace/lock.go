@@ -51,6 +51,10 @@ type LockOptions struct {
 //     that moment (the grant is released at once).
 //   - the provider failed: *UnexpectedError wrapping its error.
 //
+// A lease that can lapse on its own (ExpiringLease, such as a Redis lock's
+// TTL) ends the inner steps' context when it does, with ErrLeaseExpired as
+// the cause, so that work under a lapsed lock stops.
+//
 // Locks are not reentrant. A call that waits for a key it already holds —
 // such as a nested policy locking the same execution key — waits for itself:
 // until its Timeout, or forever without one. Give nested locks distinct keys.
@@ -169,6 +173,13 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	// listener of the acquired event does not leak the lock.
 	defer release(ctx, x, key, held.lease)
 	x.Emit(Event{Name: EventLockAcquired, Key: key})
+	if el, ok := held.lease.(ExpiringLease); ok {
+		// Work under a lapsed lock must stop: end the inner context at the
+		// lease's expiry, with a cause that says so.
+		inner, cancel := context.WithDeadlineCause(held, el.Expiry(), ErrLeaseExpired)
+		defer cancel()
+		return next.Run(inner)
+	}
 	return next.Run(held)
 }
 

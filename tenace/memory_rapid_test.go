@@ -6,7 +6,7 @@ import (
 
 	"pgregory.net/rapid"
 
-	"tenace.dev/tenace/internal/proptest"
+	"tenace.dev/internal/proptest"
 )
 
 // TestProviderConcurrentProperty: goroutines drawn by rapid acquire, hold,

@@ -11,9 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
+	"tenace.dev/internal/proptest"
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/internal/fakeclock"
-	"tenace.dev/tenace/internal/proptest"
 )
 
 func noop(context.Context) error { return nil }
@@ -669,5 +669,31 @@ func TestErrorMessagesSayWhatHappenedAndWhatToDo(t *testing.T) {
 func TestPolicyMatchesTheTable(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rapid.Check(proptest.BubbleTB{T: t}, proptest.PolicyProperty)
+	})
+}
+
+// expiringLease is a fake lease that lapses at a given instant.
+type expiringLease struct {
+	fakeLease
+	at time.Time
+}
+
+func (l *expiringLease) Expiry() time.Time { return l.at }
+
+func TestFnsContextEndsWhenItsLeaseExpires(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fp := &fakeProvider{}
+		fp.acquire = func(context.Context, string) (tenace.LockLease, error) {
+			return &expiringLease{fakeLease: fakeLease{p: fp}, at: time.Now().Add(3 * time.Second)}, nil
+		}
+		start := time.Now()
+		err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp, Key: "k"}).Execute(bg, func(ctx context.Context) error {
+			<-ctx.Done()
+			require.Equal(t, 3*time.Second, time.Since(start))
+			require.ErrorIs(t, context.Cause(ctx), tenace.ErrLeaseExpired, "the cause says the lease expired")
+			return context.Cause(ctx)
+		})
+		require.ErrorIs(t, err, tenace.ErrLeaseExpired)
+		require.Equal(t, 1, fp.releaseCount(), "and it is still released")
 	})
 }

@@ -62,3 +62,15 @@ func validateAcquire(key string, opts LockAcquireOptions) error {
 	}
 	return nil
 }
+
+// ExpiringLease is a lease that lapses on its own at Expiry unless released
+// first — a distributed lock's TTL. From that instant the lock may be
+// someone else's, so work under it must stop: the Lock step runs the inner
+// steps with a context that ends at Expiry, with ErrLeaseExpired as its
+// cause (context.Cause). A provider whose leases can lapse implements it,
+// reporting a conservative Expiry (no later than the server's); the
+// MemoryLockProvider's leases never expire and do not implement it.
+type ExpiringLease interface {
+	LockLease
+	Expiry() time.Time
+}

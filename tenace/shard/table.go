@@ -131,6 +131,9 @@ func (t *Table[T]) arrive(key string, w *Waiter[T]) {
 func (t *Table[T]) Acquire(key string, w *Waiter[T]) (granted bool) {
 	t.arrive(key, w)
 	e, held := t.entries[key]
+	if mutant == "idlekey" && held && e.holder == 0 {
+		held = false // mutant: an idle entry left behind counts as free
+	}
 	if !held {
 		w.state = Granted
 		t.entries[key] = entry[T]{holder: w.token}
@@ -152,12 +155,17 @@ func (t *Table[T]) Acquire(key string, w *Waiter[T]) (granted bool) {
 // TryAcquire grants w if key is free and refuses it otherwise; w never queues.
 func (t *Table[T]) TryAcquire(key string, w *Waiter[T]) (granted bool) {
 	t.arrive(key, w)
-	if _, held := t.entries[key]; held {
+	e, held := t.entries[key]
+	if mutant == "idlekey" && held && e.holder == 0 {
+		held = false
+	}
+	if held && mutant != "doublegrant" { // mutant: grant a held key
 		w.state = Refused
 		return false
 	}
 	w.state = Granted
-	t.entries[key] = entry[T]{holder: w.token}
+	e.holder = w.token
+	t.entries[key] = e
 	return true
 }
 
@@ -167,7 +175,7 @@ func (t *Table[T]) TryAcquire(key string, w *Waiter[T]) (granted bool) {
 // reports released false.
 func (t *Table[T]) Release(key string, token uint64) (released bool, next *Waiter[T]) {
 	e, held := t.entries[key]
-	if !held || e.holder != token {
+	if !held || (e.holder != token && mutant != "stalerelease") { // mutant: any token frees the holder
 		return false, nil
 	}
 	return true, t.handOn(key, e)
@@ -176,22 +184,40 @@ func (t *Table[T]) Release(key string, token uint64) (released bool, next *Waite
 // handOn gives key, whose holder is done, to its oldest waiter.
 func (t *Table[T]) handOn(key string, e entry[T]) *Waiter[T] {
 	w := e.head
+	if mutant == "lifo" {
+		w = e.tail // mutant: the newest waiter first
+	}
 	if w == nil {
+		if mutant == "idlekey" {
+			e.holder = 0 // mutant: the idle key's entry stays
+			t.entries[key] = e
+			return nil
+		}
 		delete(t.entries, key)
 		return nil
 	}
-	e.head = w.next
-	if e.head == nil {
-		e.tail = nil
+	t.unlink(&e, w)
+	e.holder = w.token
+	t.entries[key] = e
+	w.state = Granted
+	return w
+}
+
+// unlink removes w from e's queue.
+func (t *Table[T]) unlink(e *entry[T], w *Waiter[T]) {
+	if w.prev == nil {
+		e.head = w.next
 	} else {
-		e.head.prev = nil
+		w.prev.next = w.next
+	}
+	if w.next == nil {
+		e.tail = w.prev
+	} else {
+		w.next.prev = w.prev
 	}
 	e.waiting--
 	t.waiting--
-	e.holder = w.token
-	t.entries[key] = e
-	w.state, w.prev, w.next = Granted, nil, nil
-	return w
+	w.prev, w.next = nil, nil
 }
 
 // Cancel withdraws w, whose caller gave up (its context ended or its timeout
@@ -205,23 +231,19 @@ func (t *Table[T]) handOn(key string, e entry[T]) *Waiter[T] {
 func (t *Table[T]) Cancel(w *Waiter[T]) (removed bool, next *Waiter[T]) {
 	switch w.state {
 	case Queued:
+		if mutant == "ghostwaiter" {
+			w.state = Cancelled // mutant: the cancelled waiter stays queued
+			return true, nil
+		}
 		e := t.entries[w.key]
-		if w.prev == nil {
-			e.head = w.next
-		} else {
-			w.prev.next = w.next
-		}
-		if w.next == nil {
-			e.tail = w.prev
-		} else {
-			w.next.prev = w.prev
-		}
-		e.waiting--
-		t.waiting--
+		t.unlink(&e, w)
 		t.entries[w.key] = e
-		w.state, w.prev, w.next = Cancelled, nil, nil
+		w.state = Cancelled
 		return true, nil
 	case Granted:
+		if mutant == "leakcancel" {
+			return false, nil // mutant: a grant that raced the cancel is kept
+		}
 		_, next := t.Release(w.key, w.token)
 		return false, next
 	}

@@ -5,7 +5,7 @@ import (
 
 	"pgregory.net/rapid"
 
-	"tenace.dev/tenace/internal/proptest"
+	"tenace.dev/internal/proptest"
 )
 
 // TestTableMatchesModel is the state-machine property of the lock table

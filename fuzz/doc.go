@@ -1,0 +1,24 @@
+// Package fuzz holds the project's coverage-guided fuzz targets, in
+// fuzz_test.go:
+//
+//   - FuzzTable: bytes decode into acquires, tries, releases (current and
+//     stale tokens) and cancels on a shard.Table over a few keys; after every
+//     step the table's invariants and a plain FIFO model must agree.
+//   - FuzzProvider: bytes decode into a concurrent schedule on a
+//     MemoryLockProvider — goroutines that acquire, hold, release, time out,
+//     cancel, and race a release against a cancel — run in a
+//     testing/synctest bubble, so time is fake and each step ends when every
+//     goroutine is blocked. Mutual exclusion, FIFO order, exact Size, no
+//     leaked lock, and (goleak) no goroutine left.
+//   - FuzzPolicy: bytes decode into a pipeline shape (lock with or without a
+//     key, timeouts inside or outside it, a nested lock with a distinct key)
+//     and one execution; the error, whether fn ran and the events must be
+//     what SPEC.md's table says.
+//
+// The properties are the same ones the unit tests check with rapid.Check
+// (package internal/proptest): rapid.MakeFuzz turns each into a
+// native fuzz target. The seed corpus in testdata/fuzz runs with every
+// go test, so make test runs it too. make fuzz fuzzes each target for
+// FUZZTIME; make mutants shows that the targets catch deliberately broken
+// lock managers (see scripts/mutants).
+package fuzz

@@ -1,0 +1,20 @@
+module tenace.dev/tenace/redislock
+
+go 1.25
+
+require (
+	github.com/redis/go-redis/v9 v9.17.3
+	github.com/stretchr/testify v1.12.1
+	go.uber.org/goleak v1.3.0
+	tenace.dev v0.0.0
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/dgryski/go-rendezvous v0.0.0-20200823014737-9f7001d12a5f // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+)
+
+// The core module is two directories up; go.work ties them for development,
+// and this replace lets the module build on its own too.
+replace tenace.dev => ../../

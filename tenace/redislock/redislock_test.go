@@ -1,0 +1,402 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"tenace.dev/internal/redistest"
+	"tenace.dev/tenace"
+	"tenace.dev/tenace/redislock"
+)
+
+func TestMain(m *testing.M) {
+	if addr := os.Getenv(helperEnv); addr != "" {
+		os.Exit(helperProcess(addr))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+var bg = context.Background()
+
+// setup starts a server and returns a client on it, closed at the end.
+func setup(t *testing.T) (*redistest.Server, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	return srv, newClient(t, srv.Addr)
+}
+
+func newClient(t *testing.T, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func mustAcquire(t *testing.T, p tenace.LockProvider, key string, opts tenace.LockAcquireOptions) tenace.LockLease {
+	t.Helper()
+	l, err := p.Acquire(bg, key, opts)
+	require.NoError(t, err)
+	require.NotNil(t, l)
+	return l
+}
+
+type result struct {
+	lease tenace.LockLease
+	err   error
+}
+
+func acquireAsync(ctx context.Context, p tenace.LockProvider, key string, opts tenace.LockAcquireOptions) <-chan result {
+	r := make(chan result, 1)
+	go func() {
+		l, err := p.Acquire(ctx, key, opts)
+		r <- result{l, err}
+	}()
+	return r
+}
+
+// countingHook counts the acquire-script runs (EVALSHA, and EVAL when the
+// script is not cached yet) that go through a client.
+type countingHook struct{ acquires atomic.Int64 }
+
+func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			if args := cmd.Args(); len(args) > 3 && fmt.Sprint(args[2]) == "2" { // two keys: the acquire script
+				h.acquires.Add(1)
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// waitSubscribed returns once n clients are subscribed to key's release
+// channel: the waiters are waiting.
+func waitSubscribed(t *testing.T, c *redis.Client, key string, n int64) {
+	t.Helper()
+	ch := "tenace:lock:{" + key + "}:released"
+	for {
+		m, err := c.PubSubNumSub(bg, ch).Result()
+		require.NoError(t, err)
+		if m[ch] >= n {
+			return
+		}
+		// Polling the server's own subscriber count: the one signal a
+		// separate process gives that a waiter has subscribed.
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestMutualExclusionAmongGoroutines(t *testing.T) {
+	_, c := setup(t)
+	p := redislock.New(c, redislock.WithRetryInterval(50*time.Millisecond))
+	counter := 0 // a plain variable: -race and the total catch a second holder
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 25 {
+				l := mustAcquire(t, p, "k", tenace.LockAcquireOptions{})
+				counter++
+				require.NoError(t, l.Release(bg))
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, 200, counter)
+}
+
+func TestMutualExclusionAmongIndependentClients(t *testing.T) {
+	srv, _ := setup(t)
+	var inside, maxInside atomic.Int32
+	var wg sync.WaitGroup
+	for range 4 {
+		p := redislock.New(newClient(t, srv.Addr), redislock.WithRetryInterval(50*time.Millisecond))
+		wg.Go(func() {
+			for range 20 {
+				l := mustAcquire(t, p, "k", tenace.LockAcquireOptions{})
+				n := inside.Add(1)
+				for m := maxInside.Load(); n > m && !maxInside.CompareAndSwap(m, n); m = maxInside.Load() {
+				}
+				inside.Add(-1)
+				require.NoError(t, l.Release(bg))
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, int32(1), maxInside.Load())
+}
+
+// ---- three OS processes ----
+
+const (
+	helperEnv    = "TENACE_REDISLOCK_HELPER"
+	helperRounds = 40
+)
+
+// helperProcess is the test binary re-run as a helper: helperRounds
+// read-modify-writes of a shared Redis counter, each under the lock. Without
+// mutual exclusion, updates get lost.
+func helperProcess(addr string) int {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	p := redislock.New(c, redislock.WithRetryInterval(20*time.Millisecond))
+	for range helperRounds {
+		l, err := p.Acquire(bg, "counter-lock", tenace.LockAcquireOptions{})
+		if err != nil || l == nil {
+			fmt.Fprintln(os.Stderr, "acquire:", l, err)
+			return 1
+		}
+		v, err := c.Get(bg, "counter").Int()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			fmt.Fprintln(os.Stderr, "get:", err)
+			return 1
+		}
+		if err := c.Set(bg, "counter", v+1, 0).Err(); err != nil {
+			fmt.Fprintln(os.Stderr, "set:", err)
+			return 1
+		}
+		if err := l.Release(bg); err != nil {
+			fmt.Fprintln(os.Stderr, "release:", err)
+			return 1
+		}
+	}
+	return 0
+}
+
+func TestMutualExclusionAcrossThreeProcesses(t *testing.T) {
+	srv, c := setup(t)
+	const procs = 3
+	var cmds []*exec.Cmd
+	for range procs {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), helperEnv+"="+srv.Addr)
+		cmd.Stderr = os.Stderr
+		require.NoError(t, cmd.Start())
+		cmds = append(cmds, cmd)
+	}
+	for _, cmd := range cmds {
+		require.NoError(t, cmd.Wait())
+	}
+	v, err := c.Get(bg, "counter").Int()
+	require.NoError(t, err)
+	require.Equal(t, procs*helperRounds, v, "no lost update")
+}
+
+// ---- timeouts, NoWait, cancel ----
+
+func TestTimeoutReturnsNilNil(t *testing.T) {
+	_, c := setup(t)
+	p := redislock.New(c)
+	held := mustAcquire(t, p, "k", tenace.LockAcquireOptions{})
+	start := time.Now()
+	l, err := p.Acquire(bg, "k", tenace.LockAcquireOptions{Timeout: 100 * time.Millisecond})
+	require.NoError(t, err)
+	require.Nil(t, l)
+	require.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond, "waited for its timeout")
+	require.NoError(t, held.Release(bg))
+}
+
+func TestNoWaitTriesOnce(t *testing.T) {
+	_, c := setup(t)
+	h := &countingHook{}
+	c.AddHook(h)
+	p := redislock.New(c)
+	held := mustAcquire(t, p, "k", tenace.LockAcquireOptions{})
+	before := h.acquires.Load()
+	l, err := p.Acquire(bg, "k", tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+	require.NoError(t, err)
+	require.Nil(t, l)
+	require.Equal(t, int64(1), h.acquires.Load()-before, "exactly one try")
+	require.NoError(t, held.Release(bg))
+}
+
+func TestCtxCancelWhileWaiting(t *testing.T) {
+	_, c := setup(t)
+	p := redislock.New(c, redislock.WithRetryInterval(time.Hour))
+	held := mustAcquire(t, p, "k", tenace.LockAcquireOptions{})
+	ctx, cancel := context.WithCancel(bg)
+	r := acquireAsync(ctx, p, "k", tenace.LockAcquireOptions{})
+	waitSubscribed(t, c, "k", 1)
+	cancel()
+	got := <-r
+	require.ErrorIs(t, got.err, context.Canceled)
+	require.Nil(t, got.lease)
+	require.NoError(t, held.Release(bg))
+}
+
+// ---- waking, polling ----
+
+// With the fallback retry an hour away, only the release message can wake
+// the waiter.
+func TestWaiterWakesOnTheReleaseMessage(t *testing.T) {
+	_, c := setup(t)
+	p := redislock.New(c, redislock.WithRetryInterval(time.Hour))
+	held := mustAcquire(t, p, "k", tenace.LockAcquireOptions{TTL: time.Hour})
+	r := acquireAsync(bg, p, "k", tenace.LockAcquireOptions{})
+	waitSubscribed(t, c, "k", 1)
+	require.NoError(t, held.Release(bg))
+	got := <-r
+	require.NoError(t, got.err)
+	require.NotNil(t, got.lease, "woken by the release, not by a retry")
+	require.NoError(t, got.lease.Release(bg))
+}
+
+func TestNoPollingStormWhileTheHolderHolds(t *testing.T) {
+	_, c := setup(t)
+	hc := newClient(t, c.Options().Addr)
+	h := &countingHook{}
+	hc.AddHook(h)
+	holder := redislock.New(c)
+	waiter := redislock.New(hc, redislock.WithRetryInterval(200*time.Millisecond))
+	held := mustAcquire(t, holder, "k", tenace.LockAcquireOptions{TTL: time.Hour})
+	r := acquireAsync(bg, waiter, "k", tenace.LockAcquireOptions{})
+	waitSubscribed(t, c, "k", 1)
+	const hold = time.Second
+	time.Sleep(hold) // the holder's work: the waiter must not hammer Redis meanwhile
+	require.NoError(t, held.Release(bg))
+	got := <-r
+	require.NotNil(t, got.lease)
+	require.NoError(t, got.lease.Release(bg))
+	// One first try, one after subscribing, at most one per fallback
+	// interval (at least 100ms each), one after the release.
+	n := h.acquires.Load()
+	require.LessOrEqual(t, n, int64(2+int(hold/(100*time.Millisecond))+1), "acquire attempts during a %v hold", hold)
+	t.Logf("%d acquire attempts during a %v hold with a 200ms fallback interval", n, hold)
+}
+
+// ---- TTL, stale leases, fencing ----
+
+func TestTTLExpiryLetsTheNextAcquirerIn(t *testing.T) {
+	_, c := setup(t)
+	p := redislock.New(c, redislock.WithRetryInterval(time.Hour))
+	_ = mustAcquire(t, p, "k", tenace.LockAcquireOptions{TTL: 200 * time.Millisecond}) // never released
+	// The waiter hears no release; it retries when the holder's TTL runs out.
+	l := mustAcquire(t, p, "k", tenace.LockAcquireOptions{Timeout: 10 * time.Second})
+	require.NoError(t, l.Release(bg))
+}
+
+func TestAStaleLeasesReleaseDoesNotFreeTheNewHolder(t *testing.T) {
+	_, c := setup(t)
+	p := redislock.New(c, redislock.WithRetryInterval(time.Hour))
+	stale := mustAcquire(t, p, "k", tenace.LockAcquireOptions{TTL: 100 * time.Millisecond})
+	fresh := mustAcquire(t, p, "k", tenace.LockAcquireOptions{Timeout: 10 * time.Second})
+	require.ErrorIs(t, stale.Release(bg), redislock.ErrLeaseLost)
+	l, err := p.Acquire(bg, "k", tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+	require.NoError(t, err)
+	require.Nil(t, l, "the new holder still holds")
+	require.NoError(t, fresh.Release(bg))
+	require.NoError(t, fresh.Release(bg), "a second release does nothing")
+	// Expired with nobody else: still ErrLeaseLost, and nothing touched.
+	lone := mustAcquire(t, p, "k2", tenace.LockAcquireOptions{TTL: 50 * time.Millisecond})
+	require.Eventually(t, func() bool { return c.Exists(bg, "tenace:lock:{k2}").Val() == 0 }, 5*time.Second, 10*time.Millisecond)
+	require.ErrorIs(t, lone.Release(bg), redislock.ErrLeaseLost)
+}
+
+func TestFencingTokensStrictlyIncreaseAcrossClients(t *testing.T) {
+	srv, _ := setup(t)
+	a := redislock.New(newClient(t, srv.Addr))
+	b := redislock.New(newClient(t, srv.Addr))
+	var last uint64
+	for i := range 20 {
+		p := a
+		if i%2 == 1 {
+			p = b
+		}
+		l := mustAcquire(t, p, "k", tenace.LockAcquireOptions{})
+		tok := l.(tenace.FencedLease).Token()
+		require.Greater(t, tok, last)
+		last = tok
+		require.NoError(t, l.Release(bg))
+	}
+}
+
+func TestFnsContextEndsWhenTheLeaseExpires(t *testing.T) {
+	_, c := setup(t)
+	p := redislock.New(c)
+	start := time.Now()
+	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k", TTL: 200 * time.Millisecond}).
+		Execute(bg, func(ctx context.Context) error {
+			<-ctx.Done() // work that outlives its TTL
+			return context.Cause(ctx)
+		})
+	require.ErrorIs(t, err, tenace.ErrLeaseExpired)
+	require.Less(t, time.Since(start), 5*time.Second)
+}
+
+// ---- failures ----
+
+func TestRedisKilledWhileALeaseIsHeldAndAWaiterWaits(t *testing.T) {
+	srv, c := setup(t)
+	p := redislock.New(c, redislock.WithRetryInterval(50*time.Millisecond))
+	held := mustAcquire(t, p, "k", tenace.LockAcquireOptions{})
+	r := acquireAsync(bg, p, "k", tenace.LockAcquireOptions{})
+	waitSubscribed(t, c, "k", 1)
+	srv.Kill()
+	got := <-r // the waiter's next try fails: an error, no hang
+	require.Error(t, got.err)
+	require.Nil(t, got.lease)
+	require.Error(t, held.Release(bg), "the release cannot reach the server")
+	_, err := p.Acquire(bg, "other", tenace.LockAcquireOptions{})
+	require.Error(t, err)
+}
+
+func TestRedisRestartedTheProviderWorksAgain(t *testing.T) {
+	srv, c := setup(t)
+	p := redislock.New(c)
+	l := mustAcquire(t, p, "k", tenace.LockAcquireOptions{})
+	require.NoError(t, l.Release(bg))
+	srv.Restart()
+	l = mustAcquire(t, p, "k", tenace.LockAcquireOptions{}) // same provider, same client
+	require.NoError(t, l.Release(bg))
+}
+
+func TestPolicyEndToEnd(t *testing.T) {
+	srv, c := setup(t)
+	p := redislock.New(c)
+	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "reports", Timeout: tenace.NoWait})
+	var rec []string
+	pol = pol.OnEvent(func(e tenace.Event) { rec = append(rec, e.Name) })
+	err := pol.Execute(bg, func(ctx context.Context) error {
+		l, ok := tenace.LeaseFrom(ctx)
+		require.True(t, ok)
+		require.Positive(t, l.(tenace.FencedLease).Token())
+		// While held, the same policy is rejected.
+		var nae *tenace.LockNotAcquiredError
+		require.ErrorAs(t, pol.Execute(ctx, func(context.Context) error { return nil }), &nae)
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, []string{"lock.acquired", "lock.rejected", "lock.released"}, rec)
+
+	srv.Kill()
+	err = pol.Execute(bg, func(context.Context) error { return nil })
+	var ue *tenace.UnexpectedError
+	require.ErrorAs(t, err, &ue, "an unreachable Redis is an UnexpectedError")
+}
+
+func TestBadInput(t *testing.T) {
+	_, c := setup(t)
+	p := redislock.New(c)
+	_, err := p.Acquire(bg, "", tenace.LockAcquireOptions{})
+	require.ErrorIs(t, err, tenace.ErrMissingKey)
+	_, err = p.Acquire(bg, "k", tenace.LockAcquireOptions{Timeout: -2})
+	require.ErrorIs(t, err, tenace.ErrInvalidOption)
+	_, err = p.Acquire(bg, "k", tenace.LockAcquireOptions{TTL: -1})
+	require.ErrorIs(t, err, tenace.ErrInvalidOption)
+	require.Zero(t, c.DBSize(bg).Val(), "nothing written")
+	require.Panics(t, func() { redislock.WithPrefix("a{b") })
+	require.Panics(t, func() { redislock.New(nil) })
+}
