@@ -19,6 +19,7 @@ type cell struct {
 	Keys       int           `json:"keys,omitempty"`
 	Hold       time.Duration `json:"hold_ns"`
 	Shards     int           `json:"shards,omitempty"`
+	Redis      string        `json:"redis,omitempty"` // the server, for the Redis implementations
 	Duration   time.Duration `json:"duration_ns"`
 }
 
@@ -56,6 +57,9 @@ func holdFor(d time.Duration) {
 // line about every 250ms.
 func runCell(c cell, progress io.Writer, label string) (result, error) {
 	l, ok := makeLocker(c.Impl, c.Shards)
+	if c.Redis != "" {
+		l, ok = makeRedisLocker(c.Impl, c.Redis)
+	}
 	if !ok {
 		return result{}, fmt.Errorf("unknown implementation %q", c.Impl)
 	}

@@ -5,6 +5,7 @@
 //	go run ./bench                 # the comparison matrix, about a minute
 //	go run ./bench -impl tenace,semaphore -scenario hot -goroutines 64 -hold 10us
 //	go run ./bench -out results    # also writes results.md, results.json, chart.svg
+//	go run ./bench -provider redis -redis localhost:6379   # the distributed locks
 //
 // The Go benchmarks of the same implementations are in bench_test.go:
 // go test ./bench -bench . -benchmem.
@@ -42,6 +43,7 @@ type config struct {
 	shards     int
 	out        string
 	quiet      bool
+	redis      string // server address when -provider redis
 }
 
 func parse(args []string, stderr io.Writer) (config, error) {
@@ -60,6 +62,8 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	shards := fs.Int("shards", 0, "shards of the tenace provider (0: its default, GOMAXPROCS)")
 	out := fs.String("out", "", "directory to write results.md, results.json and chart.svg into")
 	quiet := fs.Bool("quiet", false, "no live progress line")
+	provider := fs.String("provider", "memory", "memory: the in-process locks; redis: the distributed ones (tenace-redis, redsync, bsm) on -redis")
+	redisAddr := fs.String("redis", "", "Redis server address (host:port) for -provider redis")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: go run ./bench [flags]\n\nRuns keyed locks through contention scenarios and prints a table.\n\n")
 		fs.PrintDefaults()
@@ -77,6 +81,32 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		return bad("unexpected argument %q: every setting is a flag", fs.Arg(0))
 	}
 	c := config{keys: *keys, hold: *hold, duration: *duration, shards: *shards, out: *out, quiet: *quiet}
+	switch *provider {
+	case "memory":
+		if *redisAddr != "" {
+			return bad("-redis goes with -provider redis")
+		}
+	case "redis":
+		if *redisAddr == "" {
+			return bad("-provider redis needs -redis host:port")
+		}
+		c.redis = *redisAddr
+		names = nil
+		for _, i := range redisImpls {
+			names = append(names, i.name)
+		}
+		if !isSet(fs, "impl") {
+			*impl = strings.Join(names, ",")
+		}
+		if !isSet(fs, "goroutines") {
+			*gs = "1,8"
+		}
+		if !isSet(fs, "scenario") {
+			*scenario = "distinct,hot"
+		}
+	default:
+		return bad("-provider: %q is neither memory nor redis", *provider)
+	}
 	for _, n := range split(*impl) {
 		if !slices.Contains(names, n) {
 			return bad("-impl: unknown implementation %q (known: %s)", n, strings.Join(names, ", "))
@@ -113,6 +143,12 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	return c, nil
 }
 
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 func split(s string) []string {
 	var out []string
 	for _, f := range strings.Split(s, ",") {
@@ -135,13 +171,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	for _, sc := range c.scenarios {
 		for _, g := range c.goroutines {
 			for _, impl := range c.impls {
-				l, _ := makeLocker(impl, c.shards)
-				takesCtx := l.TakesContext()
-				l.Close()
-				if sc == "cancel" && !takesCtx {
-					continue // takes no context: nothing to cancel
+				if l, ok := makeLocker(impl, c.shards); ok {
+					takesCtx := l.TakesContext()
+					l.Close()
+					if sc == "cancel" && !takesCtx {
+						continue // takes no context: nothing to cancel
+					}
 				}
-				cells = append(cells, cell{Impl: impl, Scenario: sc, Goroutines: g, Keys: c.keys, Hold: c.hold, Shards: c.shards, Duration: c.duration})
+				cells = append(cells, cell{Impl: impl, Scenario: sc, Goroutines: g, Keys: c.keys, Hold: c.hold, Shards: c.shards, Duration: c.duration, Redis: c.redis})
 			}
 		}
 	}

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"math"
+	"time"
+
+	bsm "github.com/bsm/redislock"
+	"github.com/go-redsync/redsync/v4"
+	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	"github.com/redis/go-redis/v9"
+
+	"tenace.dev/tenace"
+	"tenace.dev/tenace/redislock"
+)
+
+// The distributed peers, on one Redis server. Each waits the way its
+// library does by default, with retries made unlimited where the default
+// gives up (the benchmarks measure waiting, not giving up):
+//
+//	tenace-redis  tenace/redislock: waits on the release message (fallback retry 1s)
+//	redsync       go-redsync/redsync: polls, 50–250ms apart (its default delay)
+//	bsm           bsm/redislock: polls, linear backoff 10ms (it has no default retry)
+var redisImpls = []struct {
+	name string
+	desc string
+	make func(c *redis.Client) Locker
+}{
+	{"tenace-redis", "tenace/redislock: wakes on the release message", func(c *redis.Client) Locker {
+		return &tenaceRedis{p: redislock.New(c)}
+	}},
+	{"redsync", "go-redsync/redsync v4: polls 50–250ms apart", func(c *redis.Client) Locker {
+		return &redsyncLocker{rs: redsync.New(goredis.NewPool(c))}
+	}},
+	{"bsm", "bsm/redislock: polls with a 10ms linear backoff", func(c *redis.Client) Locker {
+		return &bsmLocker{l: bsm.New(c)}
+	}},
+}
+
+const redisTTL = 10 * time.Second
+
+type tenaceRedis struct{ p *redislock.Provider }
+
+func (t *tenaceRedis) Do(ctx context.Context, key string, fn func(context.Context) error) error {
+	l, err := t.p.Acquire(ctx, key, tenace.LockAcquireOptions{TTL: redisTTL})
+	if err != nil {
+		return err
+	}
+	if l == nil {
+		return errors.New("not acquired")
+	}
+	_ = fn(ctx)
+	return l.Release(ctx)
+}
+func (t *tenaceRedis) TakesContext() bool { return true }
+func (t *tenaceRedis) Close()             {}
+
+type redsyncLocker struct{ rs *redsync.Redsync }
+
+func (r *redsyncLocker) Do(ctx context.Context, key string, fn func(context.Context) error) error {
+	m := r.rs.NewMutex(key, redsync.WithExpiry(redisTTL), redsync.WithTries(math.MaxInt32))
+	if err := m.LockContext(ctx); err != nil {
+		return err
+	}
+	_ = fn(ctx)
+	_, err := m.UnlockContext(ctx)
+	return err
+}
+func (r *redsyncLocker) TakesContext() bool { return true }
+func (r *redsyncLocker) Close()             {}
+
+type bsmLocker struct{ l *bsm.Client }
+
+func (b *bsmLocker) Do(ctx context.Context, key string, fn func(context.Context) error) error {
+	lock, err := b.l.Obtain(ctx, key, redisTTL, &bsm.Options{RetryStrategy: bsm.LinearBackoff(10 * time.Millisecond)})
+	if err != nil {
+		return err
+	}
+	_ = fn(ctx)
+	return lock.Release(ctx)
+}
+func (b *bsmLocker) TakesContext() bool { return true }
+func (b *bsmLocker) Close()             {}
+
+func makeRedisLocker(name, addr string) (Locker, bool) {
+	for _, i := range redisImpls {
+		if i.name == name {
+			c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 512})
+			return &closingLocker{Locker: i.make(c), c: c}, true
+		}
+	}
+	return nil, false
+}
+
+// closingLocker closes the client it made with the Locker.
+type closingLocker struct {
+	Locker
+	c *redis.Client
+}
+
+func (c *closingLocker) Close() { c.Locker.Close(); _ = c.c.Close() }
