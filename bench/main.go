@@ -60,7 +60,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	hold := fs.Duration("hold", 0, "time spent inside the critical section")
 	duration := fs.Duration("duration", 1500*time.Millisecond, "how long each cell runs")
 	shards := fs.Int("shards", 0, "shards of the tenace provider (0: its default, GOMAXPROCS)")
-	out := fs.String("out", "", "directory to write results.md, results.json and chart.svg into")
+	out := fs.String("out", "", "directory to write results.md, results.json, chart.svg and chart.png into")
 	quiet := fs.Bool("quiet", false, "no live progress line")
 	provider := fs.String("provider", "memory", "memory: the in-process locks; redis: the distributed ones (tenace-redis, redsync, bsm) on -redis")
 	redisAddr := fs.String("redis", "", "Redis server address (host:port) for -provider redis")
@@ -206,7 +206,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "bench: writing -out: %v\n", err)
 			return 1
 		}
-		fmt.Fprintf(stdout, "\nwrote %s/results.md, results.json, chart.svg\n", c.out)
+		fmt.Fprintf(stdout, "\nwrote %s/results.md, results.json, chart.svg, chart.png\n", c.out)
 	}
 	if broken {
 		fmt.Fprintln(stderr, "bench: an implementation let two holders into one key at once")

@@ -57,7 +57,7 @@ func TestOutWritesTheTableJSONAndChart(t *testing.T) {
 	out, _ := runCapture(t, []string{"-impl", "tenace,moby", "-scenario", "hot", "-goroutines", "1,4", "-duration", "30ms", "-quiet", "-out", dir})
 	require.Equal(t, 0, out.code)
 	require.Contains(t, out.stdout, "tenace")
-	for _, f := range []string{"results.md", "results.json", "chart.svg"} {
+	for _, f := range []string{"results.md", "results.json", "chart.svg", "chart.png"} {
 		b, err := os.ReadFile(filepath.Join(dir, f))
 		require.NoError(t, err)
 		require.NotEmpty(t, b)

@@ -16,6 +16,7 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 	"gonum.org/v1/plot/vg/vgsvg"
 )
 
@@ -58,7 +59,8 @@ func machine() string {
 	return fmt.Sprintf("%d cores (GOMAXPROCS %d), %s, %s/%s", runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }
 
-// writeOutputs writes results.md, results.json and chart.svg into dir.
+// writeOutputs writes results.md, results.json, chart.svg and chart.png
+// into dir.
 func writeOutputs(dir string, rs []result) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -88,7 +90,10 @@ func writeOutputs(dir string, rs []result) error {
 	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(md.String()), 0o644); err != nil {
 		return err
 	}
-	return writeChart(filepath.Join(dir, "chart.svg"), rs)
+	if err := writeChart(filepath.Join(dir, "chart.svg"), rs, svgCanvas); err != nil {
+		return err
+	}
+	return writeChart(filepath.Join(dir, "chart.png"), rs, pngCanvas)
 }
 
 func baseOf(rs []result, r result) *result {
@@ -112,7 +117,17 @@ var palette = []color.Color{
 
 // writeChart draws throughput per implementation across goroutine counts,
 // one panel per scenario, with gonum/plot.
-func writeChart(path string, rs []result) error {
+type canvas interface {
+	vg.CanvasSizer
+	WriteTo(w io.Writer) (int64, error)
+}
+
+func svgCanvas(w, h vg.Length) canvas { return vgsvg.New(w, h) }
+func pngCanvas(w, h vg.Length) canvas {
+	return vgimg.PngCanvas{Canvas: vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(110))}
+}
+
+func writeChart(path string, rs []result, newCanvas func(w, h vg.Length) canvas) error {
 	var scs, names []string
 	seen := map[string]bool{}
 	for _, r := range rs {
@@ -126,7 +141,7 @@ func writeChart(path string, rs []result) error {
 		}
 	}
 	const panelW, panelH = 4.5 * vg.Inch, 3.5 * vg.Inch
-	c := vgsvg.New(panelW*vg.Length(len(scs)), panelH)
+	c := newCanvas(panelW*vg.Length(len(scs)), panelH)
 	dc := draw.New(c)
 	tiles := draw.Tiles{Rows: 1, Cols: len(scs), PadX: vg.Millimeter * 4, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2}
 	for col, sc := range scs {

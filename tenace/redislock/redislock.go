@@ -14,7 +14,8 @@
 // A caller that must wait subscribes to the key's release channel first,
 // then tries again, so no release is missed between the two; each release
 // publishes on that channel and wakes the waiters, which try again at once.
-// In case a message is lost (a reconnect, say) a waiter also retries after a
+// All waiters of a Provider share one Pub/Sub connection, open while anyone
+// waits. In case a message is lost (a reconnect, say) a waiter also retries after a
 // jittered fallback interval, and never waits past the holder's remaining
 // TTL, its own Timeout or its context without trying again. Release runs one
 // script that deletes the key only if it still holds this grant's token, and
@@ -88,13 +89,15 @@ const (
 	DefaultRetryInterval = time.Second
 )
 
-// Provider is a tenace.LockProvider on Redis. It is safe for concurrent use
-// and holds no goroutine of its own; create it with New.
+// Provider is a tenace.LockProvider on Redis. It is safe for concurrent use;
+// create it with New. While callers wait it keeps one Pub/Sub connection and
+// one goroutine that reads it; when nobody waits, neither.
 type Provider struct {
 	client redis.UniversalClient
 	prefix string
 	ttl    time.Duration
 	retry  time.Duration
+	subs   *subscriber // one Pub/Sub connection for every waiter, open while any waits
 }
 
 var _ tenace.LockProvider = (*Provider)(nil)
@@ -140,7 +143,7 @@ func New(client redis.UniversalClient, opts ...Option) *Provider {
 	if client == nil {
 		panic("tenace: redislock.New: nil client")
 	}
-	p := &Provider{client: client, prefix: DefaultPrefix, ttl: DefaultTTL, retry: DefaultRetryInterval}
+	p := &Provider{client: client, prefix: DefaultPrefix, ttl: DefaultTTL, retry: DefaultRetryInterval, subs: newSubscriber(client)}
 	for _, o := range opts {
 		o.apply(p)
 	}
@@ -217,16 +220,33 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	}
 
 	// Subscribe first, then try again: a release between the first try and
-	// the subscription would otherwise go unheard.
-	sub := p.client.Subscribe(ctx, channel)
-	defer sub.Close()
-	if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
+	// the subscription would otherwise go unheard. The subscription shares
+	// the provider's one Pub/Sub connection.
+	w, err := p.subs.subscribe(ctx, channel)
+	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
 		return nil, fmt.Errorf("redislock: subscribing to the release channel of %q: %w", key, err)
 	}
-	released := sub.Channel(redis.WithChannelHealthCheckInterval(0))
+	defer p.subs.unsubscribe(w)
+	// Until Redis confirms the subscription a release could go unheard, so
+	// every wake-up (a message, a broken connection) means: try again.
+	confirmed := w.sub.confirmed
+	for confirmed != nil {
+		select {
+		case <-confirmed:
+			confirmed = nil
+		case <-w.wake:
+			if l, _, err = p.try(ctx, key, lockKey, fenceKey, channel, ttl); err != nil || l != nil {
+				return asLease(l), err
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-timeout:
+			return nil, nil
+		}
+	}
 	retry := time.NewTimer(time.Hour)
 	defer retry.Stop()
 	for {
@@ -239,10 +259,7 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 			return nil, ctx.Err()
 		case <-timeout:
 			return nil, nil
-		case _, ok := <-released:
-			if !ok {
-				return nil, fmt.Errorf("redislock: the release channel of %q closed while waiting", key)
-			}
+		case <-w.wake: // a release, or a broken connection: try again
 		case <-retry.C:
 		}
 	}

@@ -1,0 +1,167 @@
+package redislock
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// subscriber shares one Redis Pub/Sub connection among every waiter of a
+// Provider, so that waiting for a lock costs a SUBSCRIBE on a connection
+// that is already open, not a new connection per wait.
+//
+// Concurrency: mu guards every field. A receive goroutine runs while at
+// least one waiter is registered; it exits, closing its connection, when
+// the last one leaves (so an idle Provider holds no goroutine and no
+// connection).
+type subscriber struct {
+	client redis.UniversalClient
+
+	mu       sync.Mutex
+	ps       *redis.PubSub            // nil while nobody waits
+	channels map[string]*subscription // by channel
+	waiters  int
+	stopped  chan struct{} // closed when the current receive goroutine exits
+}
+
+// subscription is one channel's waiters.
+type subscription struct {
+	confirmed chan struct{} // closed when Redis confirmed the SUBSCRIBE
+	isConf    bool
+	waiters   map[*wait]struct{}
+}
+
+// wait is one waiter's registration: wake gets a token on every release
+// message of its channel and whenever the connection broke (a message may
+// have been lost, so the waiter should try again).
+type wait struct {
+	channel string
+	sub     *subscription
+	wake    chan struct{} // buffer 1: wake-ups coalesce
+}
+
+func newSubscriber(c redis.UniversalClient) *subscriber {
+	return &subscriber{client: c, channels: map[string]*subscription{}}
+}
+
+// subscribe registers a waiter on channel and sends the SUBSCRIBE if the
+// channel has none yet. A release published after w.sub.confirmed is closed
+// is heard; until then the caller must keep trying (see Acquire).
+func (s *subscriber) subscribe(ctx context.Context, channel string) (*wait, error) {
+	s.mu.Lock()
+	if s.ps == nil {
+		s.ps = s.client.Subscribe(context.WithoutCancel(ctx)) // connects on first SUBSCRIBE
+		s.stopped = make(chan struct{})
+		go s.receive(s.ps, s.stopped)
+	}
+	sub := s.channels[channel]
+	first := sub == nil
+	if first {
+		sub = &subscription{confirmed: make(chan struct{}), waiters: map[*wait]struct{}{}}
+		s.channels[channel] = sub
+	}
+	w := &wait{channel: channel, sub: sub, wake: make(chan struct{}, 1)}
+	sub.waiters[w] = struct{}{}
+	s.waiters++
+	ps := s.ps
+	s.mu.Unlock()
+
+	if first {
+		if err := ps.Subscribe(ctx, channel); err != nil {
+			s.unsubscribe(w)
+			return nil, err
+		}
+	}
+	return w, nil
+}
+
+// unsubscribe removes w; the last waiter of a channel unsubscribes it, and
+// the last waiter of all closes the connection and stops the goroutine.
+func (s *subscriber) unsubscribe(w *wait) {
+	s.mu.Lock()
+	sub := s.channels[w.channel]
+	if sub == nil || sub != w.sub {
+		s.mu.Unlock()
+		return
+	}
+	if _, ok := sub.waiters[w]; !ok {
+		s.mu.Unlock()
+		return
+	}
+	delete(sub.waiters, w)
+	s.waiters--
+	ps := s.ps
+	var stopped chan struct{}
+	lastOfChannel := len(sub.waiters) == 0
+	if lastOfChannel {
+		delete(s.channels, w.channel)
+	}
+	if s.waiters == 0 {
+		s.ps, stopped = nil, s.stopped
+	}
+	s.mu.Unlock()
+	switch {
+	case stopped != nil:
+		_ = ps.Close() // ends Receive in the goroutine
+		<-stopped
+	case lastOfChannel:
+		_ = ps.Unsubscribe(context.Background(), w.channel) // best effort: a stray message only wakes nobody
+	}
+}
+
+// receive reads the connection until it is closed: confirmations release
+// the subscribers' waits, release messages wake the channel's waiters, and
+// an error (the connection broke; go-redis reconnects and resubscribes on
+// the next Receive) wakes every waiter to try again at once.
+func (s *subscriber) receive(ps *redis.PubSub, stopped chan struct{}) {
+	defer close(stopped)
+	backoff := time.NewTimer(0)
+	<-backoff.C
+	defer backoff.Stop()
+	for {
+		msg, err := ps.Receive(context.Background())
+		s.mu.Lock()
+		closed := s.ps != ps
+		if closed {
+			s.mu.Unlock()
+			return
+		}
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if sub := s.channels[m.Channel]; sub != nil && m.Kind == "subscribe" && !sub.isConf {
+				sub.isConf = true
+				close(sub.confirmed)
+			}
+		case *redis.Message:
+			if sub := s.channels[m.Channel]; sub != nil {
+				for w := range sub.waiters {
+					notify(w)
+				}
+			}
+		}
+		if err != nil {
+			for _, sub := range s.channels {
+				for w := range sub.waiters {
+					notify(w)
+				}
+			}
+		}
+		s.mu.Unlock()
+		if err != nil {
+			// Do not spin on a server that is down: the waiters retry (and
+			// fail) on their own; this loop waits a little before
+			// reconnecting, or stops when closed.
+			backoff.Reset(50 * time.Millisecond)
+			<-backoff.C
+		}
+	}
+}
+
+func notify(w *wait) {
+	select {
+	case w.wake <- struct{}{}:
+	default: // already pending
+	}
+}
