@@ -97,7 +97,9 @@ func tokenOf(w *shard.Waiter[int]) uint64 {
 	return w.Token()
 }
 
-func (tm *tableMachine) heldKey(rt *rapid.T) string {
+// heldKey draws a held key; ok is false when none is held, and the action
+// then does nothing (see providerMachine.heldKey).
+func (tm *tableMachine) heldKey(rt *rapid.T) (key string, ok bool) {
 	var held []string
 	for _, k := range tm.keys {
 		if tm.m.holder[k] != 0 {
@@ -105,13 +107,16 @@ func (tm *tableMachine) heldKey(rt *rapid.T) string {
 		}
 	}
 	if len(held) == 0 {
-		rt.Skip("no key is held")
+		return "", false
 	}
-	return rapid.SampledFrom(held).Draw(rt, "held key")
+	return rapid.SampledFrom(held).Draw(rt, "held key"), true
 }
 
 func (tm *tableMachine) Release(rt *rapid.T) {
-	key := tm.heldKey(rt)
+	key, ok := tm.heldKey(rt)
+	if !ok {
+		return
+	}
 	released, next := tm.t.Release(key, tm.m.holder[key])
 	require.True(rt, released)
 	want := tm.grantNext(key)
@@ -123,12 +128,12 @@ func (tm *tableMachine) Release(rt *rapid.T) {
 
 func (tm *tableMachine) ReleaseStale(rt *rapid.T) {
 	if len(tm.waiters) == 0 {
-		rt.Skip("no tokens yet")
+		return // nothing to do: a no-op step, not a skip (see heldKey)
 	}
 	key := rapid.SampledFrom(tm.keys).Draw(rt, "key")
 	token := rapid.Uint64Range(0, tm.last+1).Draw(rt, "stale token")
 	if token == tm.m.holder[key] {
-		rt.Skip("that is the current grant")
+		return // nothing to do: a no-op step, not a skip (see heldKey)
 	}
 	released, next := tm.t.Release(key, token)
 	require.False(rt, released, "a stale token releases nothing")
@@ -141,7 +146,7 @@ func (tm *tableMachine) CancelQueued(rt *rapid.T) {
 		queued = append(queued, tm.m.queue[k]...)
 	}
 	if len(queued) == 0 {
-		rt.Skip("nobody waits")
+		return // nothing to do: a no-op step, not a skip (see heldKey)
 	}
 	token := rapid.SampledFrom(queued).Draw(rt, "queued token")
 	w := tm.waiters[token]
@@ -155,7 +160,10 @@ func (tm *tableMachine) CancelQueued(rt *rapid.T) {
 // CancelGranted is the abort during grant: the waiter gave up after the
 // table granted it; the grant passes on.
 func (tm *tableMachine) CancelGranted(rt *rapid.T) {
-	key := tm.heldKey(rt)
+	key, ok := tm.heldKey(rt)
+	if !ok {
+		return
+	}
 	w := tm.waiters[tm.m.holder[key]]
 	removed, next := tm.t.Cancel(w)
 	require.False(rt, removed)
@@ -171,7 +179,7 @@ func (tm *tableMachine) CancelStale(rt *rapid.T) {
 		}
 	}
 	if len(stale) == 0 {
-		rt.Skip("no stale waiter")
+		return // nothing to do: a no-op step, not a skip (see heldKey)
 	}
 	slices.Sort(stale)
 	w := tm.waiters[rapid.SampledFrom(stale).Draw(rt, "stale waiter")]
