@@ -23,16 +23,39 @@ import (
 
 // Server is one running redis-server.
 type Server struct {
-	Addr string // host:port on 127.0.0.1
-	port int
-	dir  string
-	cmd  *exec.Cmd
-	done chan error // the process's exit
-	tb   testing.TB
+	Addr    string // host:port on 127.0.0.1
+	port    int
+	dir     string
+	cmd     *exec.Cmd
+	done    chan error // the process's exit
+	tb      testing.TB
+	cluster bool
+	// clusterOK is closed when a cluster-enabled server logs that its
+	// cluster state is ok.
+	clusterOK chan struct{}
 }
 
 // Start starts a redis-server for tb and registers its stop with tb.Cleanup.
-func Start(tb testing.TB) *Server {
+func Start(tb testing.TB) *Server { tb.Helper(); return start(tb, false) }
+
+// StartCluster starts a one-node Redis Cluster: a cluster-enabled server
+// that owns every hash slot, so that a redis.ClusterClient can run the same
+// scripts and Pub/Sub against it. It returns once the cluster state is ok.
+func StartCluster(tb testing.TB) *Server {
+	tb.Helper()
+	s := start(tb, true)
+	if err := command(s.Addr, "CLUSTER", "ADDSLOTSRANGE", "0", "16383"); err != nil {
+		tb.Fatalf("redistest: assigning the hash slots: %v", err)
+	}
+	select {
+	case <-s.clusterOK:
+	case <-time.After(10 * time.Second):
+		tb.Fatal("redistest: the cluster state did not become ok within 10s")
+	}
+	return s
+}
+
+func start(tb testing.TB, cluster bool) *Server {
 	tb.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -46,7 +69,7 @@ func Start(tb testing.TB) *Server {
 	if err != nil {
 		tb.Fatalf("redistest: no free loopback port: %v", err)
 	}
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), port: port, dir: tb.TempDir(), tb: tb}
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), port: port, dir: tb.TempDir(), tb: tb, cluster: cluster}
 	if err := s.start(bin); err != nil {
 		tb.Fatal(err)
 	}
@@ -64,10 +87,15 @@ func freePort() (int, error) {
 }
 
 func (s *Server) start(bin string) error {
-	s.cmd = exec.Command(bin,
+	args := []string{
 		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--dir", s.dir, "--save", "", "--appendonly", "no",
-		"--daemonize", "no", "--protected-mode", "yes", "--loglevel", "notice")
+		"--daemonize", "no", "--protected-mode", "yes", "--loglevel", "notice",
+	}
+	if s.cluster {
+		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+	}
+	s.cmd = exec.Command(bin, args...)
 	out, err := s.cmd.StdoutPipe()
 	if err != nil {
 		return err
@@ -77,12 +105,18 @@ func (s *Server) start(bin string) error {
 		return fmt.Errorf("redistest: starting redis-server: %w", err)
 	}
 	s.done = make(chan error, 1)
+	s.clusterOK = make(chan struct{})
+	clusterOK := s.clusterOK
 	ready := make(chan struct{})
 	var lines []string // what it printed before it was ready, for the error
 	go func() {
 		sc := bufio.NewScanner(out)
-		isReady := false
+		isReady, isOK := false, false
 		for sc.Scan() {
+			if !isOK && strings.Contains(sc.Text(), "Cluster state changed: ok") {
+				isOK = true
+				close(clusterOK)
+			}
 			if !isReady {
 				lines = append(lines, sc.Text())
 				if strings.Contains(sc.Text(), "Ready to accept connections") {
@@ -112,22 +146,31 @@ func (s *Server) start(bin string) error {
 }
 
 // ping sends one RESP PING and expects +PONG.
-func ping(addr string) error {
+func ping(addr string) error { return command(addr, "PING") }
+
+// command sends one command in RESP and expects a simple-string reply
+// (+PONG, +OK).
+func command(addr string, args ...string) error {
 	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write([]byte("*1\r\n$4\r\nPING\r\n")); err != nil {
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := c.Write([]byte(b.String())); err != nil {
 		return err
 	}
 	line, err := bufio.NewReader(c).ReadString('\n')
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(line, "+PONG") {
-		return fmt.Errorf("unexpected reply %q", line)
+	if !strings.HasPrefix(line, "+") {
+		return fmt.Errorf("%s: unexpected reply %q", args[0], strings.TrimSpace(line))
 	}
 	return nil
 }

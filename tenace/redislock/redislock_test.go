@@ -400,3 +400,44 @@ func TestBadInput(t *testing.T) {
 	require.Panics(t, func() { redislock.WithPrefix("a{b") })
 	require.Panics(t, func() { redislock.New(nil) })
 }
+
+// TestOnAClusterClient runs the provider through a redis.ClusterClient on a
+// one-node Redis Cluster: the lock key and its fencing counter share a hash
+// tag, so the scripts run in one slot, and waiters still wake on the release
+// message.
+func TestOnAClusterClient(t *testing.T) {
+	srv := redistest.StartCluster(t)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.Addr}})
+	t.Cleanup(func() { _ = c.Close() })
+	p := redislock.New(c, redislock.WithRetryInterval(time.Hour))
+	held := mustAcquire(t, p, "orders/42", tenace.LockAcquireOptions{})
+	r := acquireAsync(bg, p, "orders/42", tenace.LockAcquireOptions{})
+	for { // wait until the waiter has subscribed (see waitSubscribed)
+		n, err := c.PubSubNumSub(bg, "tenace:lock:{orders/42}:released").Result()
+		require.NoError(t, err)
+		if n["tenace:lock:{orders/42}:released"] >= 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	require.NoError(t, held.Release(bg))
+	got := <-r
+	require.NoError(t, got.err)
+	require.NotNil(t, got.lease, "woken by the release message through the cluster client")
+	require.Greater(t, got.lease.(tenace.FencedLease).Token(), held.(tenace.FencedLease).Token())
+	require.NoError(t, got.lease.Release(bg))
+}
+
+// TestOnAUniversalClientOfEachKind builds the provider on the client kinds
+// redis.NewUniversalClient returns; the failover (sentinel) kind needs
+// sentinels and is only built, not run.
+func TestOnAUniversalClientOfEachKind(t *testing.T) {
+	_, c := setup(t)
+	u := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{c.Options().Addr}})
+	t.Cleanup(func() { _ = u.Close() })
+	l := mustAcquire(t, redislock.New(u), "k", tenace.LockAcquireOptions{})
+	require.NoError(t, l.Release(bg))
+	f := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "mymaster", SentinelAddrs: []string{"127.0.0.1:1"}})
+	t.Cleanup(func() { _ = f.Close() })
+	require.NotNil(t, redislock.New(f))
+}
