@@ -56,9 +56,11 @@ fuzz:
 mutants:
 	./scripts/mutants
 
-## lint: go vet and gofmt over every module
+## lint: go vet, gofmt and (when installed) staticcheck over every module
 lint:
 	$(GO) vet $(PKGS)
+	@if command -v staticcheck >/dev/null 2>&1; then staticcheck $(PKGS); \
+	else echo "staticcheck not installed (go install honnef.co/go/tools/cmd/staticcheck@latest): skipped"; fi
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
 ## cover: coverage of the core packages

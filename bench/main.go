@@ -28,9 +28,8 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 // defaults of the no-flag comparison matrix: 4 × 3 × 3 cells of 1.5 s, about
 // 60 s in all.
 var (
-	defaultImpls      = []string{"tenace", "moby", "keymutex", "semaphore"}
-	defaultScenarios  = []string{"distinct", "hot", "zipf"}
-	defaultGoroutines = []int{1, 16, 256}
+	defaultImpls     = []string{"tenace", "moby", "keymutex", "semaphore"}
+	defaultScenarios = []string{"distinct", "hot", "zipf"}
 )
 
 type config struct {

@@ -200,7 +200,7 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 		ttl = p.ttl
 	}
 	lockKey, fenceKey, channel := p.names(key)
-	l, wait, err := p.try(ctx, key, lockKey, fenceKey, channel, ttl)
+	l, _, err := p.try(ctx, key, lockKey, fenceKey, channel, ttl)
 	if err != nil || l != nil || opts.Timeout == tenace.NoWait {
 		return asLease(l), err
 	}
@@ -250,10 +250,11 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	retry := time.NewTimer(time.Hour)
 	defer retry.Stop()
 	for {
-		if l, wait, err = p.try(ctx, key, lockKey, fenceKey, channel, ttl); err != nil || l != nil {
+		var holderTTL time.Duration
+		if l, holderTTL, err = p.try(ctx, key, lockKey, fenceKey, channel, ttl); err != nil || l != nil {
 			return asLease(l), err
 		}
-		retry.Reset(p.nextWait(wait))
+		retry.Reset(p.nextWait(holderTTL))
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()

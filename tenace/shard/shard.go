@@ -15,7 +15,7 @@ var ErrStopped = actor.ErrStopped
 type Mode uint8
 
 const (
-	modeInvalid Mode = iota
+	_ Mode = iota // the zero Mode is invalid
 	// Wait queues behind the key's holder and waiters.
 	Wait
 	// Try fails at once instead of queueing.

@@ -10,7 +10,7 @@ import (
 type State uint8
 
 const (
-	stateInvalid State = iota
+	_ State = iota // the zero State is invalid: never handed to a table
 	// Queued: the waiter is in its key's FIFO queue.
 	Queued
 	// Granted: the waiter was granted; the table no longer refers to it.

@@ -59,11 +59,8 @@ func TestTableStaleReleaseDoesNotFreeTheCurrentHolder(t *testing.T) {
 
 func TestTableDrainReturnsEveryWaiter(t *testing.T) {
 	tb := NewTable[int]()
-	var ws []*Waiter[int]
 	for i := range 6 {
-		w := &Waiter[int]{Value: i}
-		tb.Acquire(fmt.Sprint("k", i%2), w)
-		ws = append(ws, w)
+		tb.Acquire(fmt.Sprint("k", i%2), &Waiter[int]{Value: i})
 	}
 	drained := tb.Drain()
 	require.Len(t, drained, 4, "two holders, four waiters")
