@@ -163,21 +163,34 @@ func (a *Actor[M]) Send(ctx context.Context, m M) error {
 	if a.isStopping() {
 		return ErrStopped
 	}
+	e := envelope[M]{m: m} // one copy, shared by both sends below
 	select {
-	case a.mailbox <- envelope[M]{m: m}:
+	case a.mailbox <- e:
 	default:
-		select {
-		case a.mailbox <- envelope[M]{m: m}:
-		case <-a.stopping:
-			return ErrStopped
-		case <-ctx.Done():
-			return ctx.Err()
+		if err := a.sendBlocking(ctx, e); err != nil {
+			return err
 		}
 	}
 	if a.isStopping() {
 		return ErrStopped
 	}
 	return nil
+}
+
+// sendBlocking waits for room in the mailbox. It is its own function so
+// that the common path's frame stays small: every waiting goroutine's stack
+// holds that frame.
+//
+//go:noinline
+func (a *Actor[M]) sendBlocking(ctx context.Context, e envelope[M]) error {
+	select {
+	case a.mailbox <- e:
+		return nil
+	case <-a.stopping:
+		return ErrStopped
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (a *Actor[M]) isStopping() bool {
