@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -33,6 +34,21 @@ type Server struct {
 	// clusterOK is closed when a cluster-enabled server logs that its
 	// cluster state is ok.
 	clusterOK chan struct{}
+	// monitors is the primary a sentinel watches, as "host port"; "" for a
+	// plain server.
+	monitors string
+}
+
+// MasterName is the name a sentinel from StartSentinel knows its primary by.
+const MasterName = "tenace-primary"
+
+// StartSentinel starts a Redis Sentinel that monitors primary under
+// MasterName, so that a redis.FailoverClient can find it. It returns once
+// the sentinel has started monitoring.
+func StartSentinel(tb testing.TB, primary *Server) *Server {
+	tb.Helper()
+	host, port, _ := net.SplitHostPort(primary.Addr)
+	return startWith(tb, func(s *Server) { s.monitors = host + " " + port })
 }
 
 // Start starts a redis-server for tb and registers its stop with tb.Cleanup.
@@ -57,6 +73,11 @@ func StartCluster(tb testing.TB) *Server {
 
 func start(tb testing.TB, cluster bool) *Server {
 	tb.Helper()
+	return startWith(tb, func(s *Server) { s.cluster = cluster })
+}
+
+func startWith(tb testing.TB, set func(*Server)) *Server {
+	tb.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		const msg = "redis-server is not installed: apt-get install redis-server (make test installs it when run as root)"
@@ -69,7 +90,8 @@ func start(tb testing.TB, cluster bool) *Server {
 	if err != nil {
 		tb.Fatalf("redistest: no free loopback port: %v", err)
 	}
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), port: port, dir: tb.TempDir(), tb: tb, cluster: cluster}
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), port: port, dir: tb.TempDir(), tb: tb}
+	set(s)
 	if err := s.start(bin); err != nil {
 		tb.Fatal(err)
 	}
@@ -95,6 +117,17 @@ func (s *Server) start(bin string) error {
 	if s.cluster {
 		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
 	}
+	readyLine := "Ready to accept connections"
+	if s.monitors != "" {
+		// A sentinel rewrites its configuration file, so it needs one.
+		conf := filepath.Join(s.dir, "sentinel.conf")
+		body := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s %s 1\n", s.port, s.dir, MasterName, s.monitors)
+		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+			return err
+		}
+		args = []string{conf, "--sentinel", "--loglevel", "notice"}
+		readyLine = "+monitor master " + MasterName
+	}
 	s.cmd = exec.Command(bin, args...)
 	out, err := s.cmd.StdoutPipe()
 	if err != nil {
@@ -119,7 +152,7 @@ func (s *Server) start(bin string) error {
 			}
 			if !isReady {
 				lines = append(lines, sc.Text())
-				if strings.Contains(sc.Text(), "Ready to accept connections") {
+				if strings.Contains(sc.Text(), readyLine) {
 					isReady = true
 					close(ready)
 				}

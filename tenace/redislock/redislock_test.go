@@ -428,16 +428,25 @@ func TestOnAClusterClient(t *testing.T) {
 	require.NoError(t, got.lease.Release(bg))
 }
 
-// TestOnAUniversalClientOfEachKind builds the provider on the client kinds
-// redis.NewUniversalClient returns; the failover (sentinel) kind needs
-// sentinels and is only built, not run.
-func TestOnAUniversalClientOfEachKind(t *testing.T) {
-	_, c := setup(t)
-	u := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{c.Options().Addr}})
-	t.Cleanup(func() { _ = u.Close() })
-	l := mustAcquire(t, redislock.New(u), "k", tenace.LockAcquireOptions{})
-	require.NoError(t, l.Release(bg))
-	f := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "mymaster", SentinelAddrs: []string{"127.0.0.1:1"}})
+// TestOnAFailoverClient runs the provider through a redis.FailoverClient
+// that finds its primary through a real Redis Sentinel, and through the
+// UniversalClient that redis.NewUniversalClient builds for the same setup.
+func TestOnAFailoverClient(t *testing.T) {
+	primary := redistest.Start(t)
+	sentinel := redistest.StartSentinel(t, primary)
+	f := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: redistest.MasterName, SentinelAddrs: []string{sentinel.Addr}})
 	t.Cleanup(func() { _ = f.Close() })
-	require.NotNil(t, redislock.New(f))
+	u := redis.NewUniversalClient(&redis.UniversalOptions{MasterName: redistest.MasterName, Addrs: []string{sentinel.Addr}})
+	t.Cleanup(func() { _ = u.Close() })
+	for _, c := range []redis.UniversalClient{f, u} {
+		p := redislock.New(c, redislock.WithRetryInterval(time.Hour))
+		held := mustAcquire(t, p, "k", tenace.LockAcquireOptions{})
+		r := acquireAsync(bg, p, "k", tenace.LockAcquireOptions{})
+		waitSubscribed(t, newClient(t, primary.Addr), "k", 1)
+		require.NoError(t, held.Release(bg))
+		got := <-r
+		require.NoError(t, got.err)
+		require.NotNil(t, got.lease, "woken by the release message through the failover client")
+		require.NoError(t, got.lease.Release(bg))
+	}
 }
