@@ -171,8 +171,8 @@ func (p *MemoryLockProvider) acquire(ctx context.Context, key string, opts LockA
 }
 
 // acquireTimeout is acquire with a timeout: the timer lives in this frame,
-// off the common path, which keeps a plain waiter's stack within its first
-// 2 KiB (see bench/README.md, Waiters).
+// off the common path, so that a plain waiter's frames stay small — every
+// parked waiter keeps them on its stack (see bench/README.md, Waiters).
 func (p *MemoryLockProvider) acquireTimeout(ctx context.Context, key string, opts LockAcquireOptions, dst *memoryLease) (bool, error) {
 	// The timer starts before the acquire is sent, so a test clock that sees
 	// the waiter queued has already seen its timer.

@@ -137,8 +137,9 @@ func WithRetryInterval(d time.Duration) Option {
 	return optionFunc(func(p *Provider) { p.retry = d })
 }
 
-// New returns a provider on client: a *redis.Client, a failover client or a
-// *redis.ClusterClient. It panics if client is nil.
+// New returns a provider on client: a *redis.Client, a failover (Sentinel)
+// client or a *redis.ClusterClient — the tests run all three against real
+// servers. It panics if client is nil.
 func New(client redis.UniversalClient, opts ...Option) *Provider {
 	if client == nil {
 		panic("tenace: redislock.New: nil client")
