@@ -13,7 +13,9 @@
 // the key's fencing counter, whose new value is the lease's fencing token.
 // A caller that must wait subscribes to the key's release channel first,
 // then tries again, so no release is missed between the two; each release
-// publishes on that channel and wakes the waiters, which try again at once.
+// publishes on that channel, which wakes the provider's oldest waiter of the
+// key to try again at once (one release, one lock: waking them all would
+// only make the rest lose).
 // All waiters of a Provider share one Pub/Sub connection, open while anyone
 // waits. In case a message is lost (a reconnect, say) a waiter also retries after a
 // jittered fallback interval, and never waits past the holder's remaining
@@ -53,9 +55,11 @@
 //     expiring counter would restart and break monotonicity): one small
 //     string key, about 70 bytes, per lock key ever used.
 //   - Not FIFO: waiters in different processes race for the key when it is
-//     released; each tries again on the release message, and the first
-//     script to run wins. Within one process, use the MemoryLockProvider in
-//     front of it for FIFO (a Lock on each).
+//     released; in each process the oldest waiter tries again on the release
+//     message, and the first script to run wins. Within one process waiters
+//     are woken roughly in arrival order (a newcomer's first try can still
+//     take a free key); for strict FIFO inside a process put a Lock on the
+//     MemoryLockProvider in front of this one.
 //   - Errors: a Redis command that fails returns its error at once (through
 //     a Lock, an *tenace.UnexpectedError); nothing retries silently.
 package redislock
@@ -230,7 +234,8 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 		}
 		return nil, fmt.Errorf("redislock: subscribing to the release channel of %q: %w", key, err)
 	}
-	defer p.subs.unsubscribe(w)
+	acquired := false
+	defer func() { p.subs.unsubscribe(w, acquired) }()
 	// Until Redis confirms the subscription a release could go unheard, so
 	// every wake-up (a message, a broken connection) means: try again.
 	confirmed := w.sub.confirmed
@@ -240,6 +245,7 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 			confirmed = nil
 		case <-w.wake:
 			if l, _, err = p.try(ctx, key, lockKey, fenceKey, channel, ttl); err != nil || l != nil {
+				acquired = l != nil
 				return asLease(l), err
 			}
 		case <-ctx.Done():
@@ -253,6 +259,7 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	for {
 		var holderTTL time.Duration
 		if l, holderTTL, err = p.try(ctx, key, lockKey, fenceKey, channel, ttl); err != nil || l != nil {
+			acquired = l != nil
 			return asLease(l), err
 		}
 		retry.Reset(p.nextWait(holderTTL))

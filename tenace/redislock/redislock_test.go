@@ -450,3 +450,46 @@ func TestOnAFailoverClient(t *testing.T) {
 		require.NoError(t, got.lease.Release(bg))
 	}
 }
+
+// TestAReleaseWakesOneWaiterInArrivalOrder: with five waiters of one
+// provider queued one after the other, each release wakes only the oldest,
+// so the lock goes round in arrival order with exactly one try per hand-off
+// (waking them all would cost 5+4+3+2+1 tries).
+func TestAReleaseWakesOneWaiterInArrivalOrder(t *testing.T) {
+	_, c := setup(t)
+	wc := newClient(t, c.Options().Addr)
+	h := &countingHook{}
+	wc.AddHook(h)
+	holder := redislock.New(c)
+	p := redislock.New(wc, redislock.WithRetryInterval(time.Hour))
+	held := mustAcquire(t, holder, "k", tenace.LockAcquireOptions{})
+	const waiters = 5
+	order := make(chan int, waiters)
+	var wg sync.WaitGroup
+	for i := range waiters {
+		wg.Go(func() {
+			l, err := p.Acquire(bg, "k", tenace.LockAcquireOptions{})
+			if err != nil || l == nil {
+				t.Errorf("waiter %d: %v, %v", i, l, err)
+				return
+			}
+			order <- i
+			_ = l.Release(bg)
+		})
+		// Each waiter tries once, subscribes, tries again, then waits: two
+		// tries mean it is queued behind the ones before it.
+		for h.acquires.Load() < int64(2*(i+1)) {
+			time.Sleep(time.Millisecond) // polling the server-side count: see waitSubscribed
+		}
+	}
+	before := h.acquires.Load()
+	require.NoError(t, held.Release(bg))
+	wg.Wait()
+	close(order)
+	var got []int
+	for i := range order {
+		got = append(got, i)
+	}
+	require.Equal(t, []int{0, 1, 2, 3, 4}, got, "arrival order within the process")
+	require.Equal(t, int64(waiters), h.acquires.Load()-before, "one try per hand-off")
+}

@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -26,16 +27,35 @@ type subscriber struct {
 	stopped  chan struct{} // closed when the current receive goroutine exits
 }
 
-// subscription is one channel's waiters.
+// subscription is one channel's waiters, oldest first.
+//
+// Fairness: a release message wakes one waiter, the oldest, rather than all
+// of them — only one can win the lock, and waking every waiter would send a
+// herd of scripts that all but one lose. A waiter that leaves without the
+// lock (timeout, ctx, error) passes a wake-up to the next oldest, in case it
+// was the one woken; a spare wake-up costs one extra try. So within one
+// process waiters retry roughly in arrival order; across processes, whoever's
+// script runs first wins.
 type subscription struct {
 	confirmed chan struct{} // closed when Redis confirmed the SUBSCRIBE
 	isConf    bool
-	waiters   map[*wait]struct{}
+	waiters   []*wait // arrival order
 }
 
-// wait is one waiter's registration: wake gets a token on every release
-// message of its channel and whenever the connection broke (a message may
-// have been lost, so the waiter should try again).
+// wake wakes the oldest waiter that has no wake-up pending.
+func (sub *subscription) wake() {
+	for _, w := range sub.waiters {
+		select {
+		case w.wake <- struct{}{}:
+			return
+		default: // already has one: it will try; wake the next
+		}
+	}
+}
+
+// wait is one waiter's registration: wake gets a token when the waiter
+// should try again — a release message reached it, a waiter ahead of it
+// left, or the connection broke (a message may have been lost).
 type wait struct {
 	channel string
 	sub     *subscription
@@ -59,18 +79,18 @@ func (s *subscriber) subscribe(ctx context.Context, channel string) (*wait, erro
 	sub := s.channels[channel]
 	first := sub == nil
 	if first {
-		sub = &subscription{confirmed: make(chan struct{}), waiters: map[*wait]struct{}{}}
+		sub = &subscription{confirmed: make(chan struct{})}
 		s.channels[channel] = sub
 	}
 	w := &wait{channel: channel, sub: sub, wake: make(chan struct{}, 1)}
-	sub.waiters[w] = struct{}{}
+	sub.waiters = append(sub.waiters, w)
 	s.waiters++
 	ps := s.ps
 	s.mu.Unlock()
 
 	if first {
 		if err := ps.Subscribe(ctx, channel); err != nil {
-			s.unsubscribe(w)
+			s.unsubscribe(w, false)
 			return nil, err
 		}
 	}
@@ -78,19 +98,24 @@ func (s *subscriber) subscribe(ctx context.Context, channel string) (*wait, erro
 }
 
 // unsubscribe removes w; the last waiter of a channel unsubscribes it, and
-// the last waiter of all closes the connection and stops the goroutine.
-func (s *subscriber) unsubscribe(w *wait) {
+// the last waiter of all closes the connection and stops the goroutine. A
+// waiter that leaves without the lock (acquired false) hands a wake-up on.
+func (s *subscriber) unsubscribe(w *wait, acquired bool) {
 	s.mu.Lock()
 	sub := s.channels[w.channel]
 	if sub == nil || sub != w.sub {
 		s.mu.Unlock()
 		return
 	}
-	if _, ok := sub.waiters[w]; !ok {
+	i := slices.Index(sub.waiters, w)
+	if i < 0 {
 		s.mu.Unlock()
 		return
 	}
-	delete(sub.waiters, w)
+	sub.waiters = slices.Delete(sub.waiters, i, i+1)
+	if !acquired {
+		sub.wake()
+	}
 	s.waiters--
 	ps := s.ps
 	var stopped chan struct{}
@@ -136,15 +161,13 @@ func (s *subscriber) receive(ps *redis.PubSub, stopped chan struct{}) {
 			}
 		case *redis.Message:
 			if sub := s.channels[m.Channel]; sub != nil {
-				for w := range sub.waiters {
-					notify(w)
-				}
+				sub.wake() // one release, one lock: one waiter tries
 			}
 		}
 		if err != nil {
 			for _, sub := range s.channels {
-				for w := range sub.waiters {
-					notify(w)
+				for _, w := range sub.waiters {
+					notify(w) // a message may be lost: everyone tries
 				}
 			}
 		}
