@@ -65,5 +65,5 @@ lint:
 
 ## cover: coverage of the core packages
 cover:
-	$(GO) test -count=1 -coverprofile=cover.out ./tenace/...
+	$(GO) test -count=1 -coverpkg=./tenace/...,./internal/... -coverprofile=cover.out ./tenace/... ./fuzz/
 	$(GO) tool cover -func=cover.out | tail -1
