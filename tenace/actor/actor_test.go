@@ -132,9 +132,13 @@ func TestSendAfterStopFailsAtOnce(t *testing.T) {
 	}
 }
 
-func TestSendToAFullMailboxGivesUpWhenCtxEnds(t *testing.T) {
+// fullActor returns an actor whose loop is stuck in its handler (until
+// release is closed) and whose one-slot mailbox is full, so the next Send
+// must wait.
+func fullActor(t *testing.T) (a *actor.Actor[msg], release chan struct{}) {
+	t.Helper()
 	entered, release := make(chan struct{}), make(chan struct{})
-	a := actor.Start(func([]msg) {
+	a = actor.Start(func([]msg) {
 		select {
 		case <-entered:
 		default:
@@ -142,11 +146,16 @@ func TestSendToAFullMailboxGivesUpWhenCtxEnds(t *testing.T) {
 		}
 		<-release
 	}, actor.Options[msg]{Mailbox: 1})
-	defer a.Stop()
-	defer close(release)
 	require.NoError(t, a.Send(context.Background(), msg{})) // taken by the loop, which blocks
 	<-entered
 	require.NoError(t, a.Send(context.Background(), msg{})) // fills the mailbox
+	return a, release
+}
+
+func TestSendToAFullMailboxGivesUpWhenCtxEnds(t *testing.T) {
+	a, release := fullActor(t)
+	defer a.Stop()
+	defer close(release)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	err := a.Send(ctx, msg{})
@@ -154,18 +163,7 @@ func TestSendToAFullMailboxGivesUpWhenCtxEnds(t *testing.T) {
 }
 
 func TestSendBlockedOnAFullMailboxFailsWhenStopped(t *testing.T) {
-	entered, release := make(chan struct{}), make(chan struct{})
-	a := actor.Start(func([]msg) {
-		select {
-		case <-entered:
-		default:
-			close(entered)
-		}
-		<-release
-	}, actor.Options[msg]{Mailbox: 1})
-	require.NoError(t, a.Send(context.Background(), msg{}))
-	<-entered
-	require.NoError(t, a.Send(context.Background(), msg{}))
+	a, release := fullActor(t)
 	result := make(chan error, 1)
 	go func() { result <- a.Send(context.Background(), msg{}) }()
 	stopped := make(chan struct{})
