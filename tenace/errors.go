@@ -40,6 +40,7 @@ type LockNotAcquiredError struct {
 	Key string
 }
 
+// Error names the key and what to do about it.
 func (e *LockNotAcquiredError) Error() string {
 	return fmt.Sprintf("tenace: lock %q not acquired within its timeout: another call holds it; retry later or raise LockOptions.Timeout", e.Key)
 }
@@ -52,6 +53,7 @@ type UnexpectedError struct {
 	Err error
 }
 
+// Error says that the work did not run, and why.
 func (e *UnexpectedError) Error() string {
 	return "tenace: the lock provider failed, so the work did not run: " + e.Err.Error()
 }

@@ -23,6 +23,7 @@ type TimeoutError struct {
 	Err error
 }
 
+// Error gives the duration and the key, and what to do about it.
 func (e *TimeoutError) Error() string {
 	key := ""
 	if e.Key != "" {

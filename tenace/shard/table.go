@@ -21,6 +21,7 @@ const (
 	Cancelled
 )
 
+// String is the state's name.
 func (s State) String() string {
 	switch s {
 	case Queued:
