@@ -20,11 +20,9 @@ type msg struct {
 	query chan int // buffer 1
 }
 
-func startSum(t *testing.T, opts actor.Options[msg]) (*actor.Actor[msg], *[]int) {
+func startSum(t *testing.T, opts actor.Options[msg]) *actor.Actor[msg] {
 	total := 0
-	var batches []int
 	a := actor.Start(func(batch []msg) {
-		batches = append(batches, len(batch))
 		for _, m := range batch {
 			total += m.add
 			if m.query != nil {
@@ -33,7 +31,7 @@ func startSum(t *testing.T, opts actor.Options[msg]) (*actor.Actor[msg], *[]int)
 		}
 	}, opts)
 	t.Cleanup(a.Stop)
-	return a, &batches
+	return a
 }
 
 func query(t *testing.T, a *actor.Actor[msg]) int {
@@ -43,33 +41,42 @@ func query(t *testing.T, a *actor.Actor[msg]) int {
 }
 
 func TestMessagesAreHandledInOrderByTheLoop(t *testing.T) {
-	a, _ := startSum(t, actor.Options[msg]{})
+	a := startSum(t, actor.Options[msg]{})
 	for i := 1; i <= 100; i++ {
 		require.NoError(t, a.Send(context.Background(), msg{add: i}))
 	}
 	require.Equal(t, 5050, query(t, a))
 }
 
-func TestQueuedMessagesAreDrainedInOneBatch(t *testing.T) {
-	// Hold the loop inside the handler while 9 more messages queue up; the
-	// next batch must then take all of them at once.
-	entered, release := make(chan struct{}), make(chan struct{})
-	var batches []int
-	a := actor.Start(func(batch []msg) {
-		batches = append(batches, len(batch))
-		if len(batches) == 1 {
+// stuckRecorder starts an actor that records each batch's size and, on its
+// first batch, signals entered and waits for release: messages sent
+// meanwhile queue up. A message with a query gets the batch count.
+func stuckRecorder(t *testing.T, opts actor.Options[msg]) (a *actor.Actor[msg], batches *[]int, entered, release chan struct{}) {
+	t.Helper()
+	entered, release = make(chan struct{}), make(chan struct{})
+	batches = new([]int)
+	a = actor.Start(func(batch []msg) {
+		*batches = append(*batches, len(batch))
+		if len(*batches) == 1 {
 			close(entered)
 			<-release
 		}
 		for _, m := range batch {
 			if m.query != nil {
-				m.query <- len(batches)
+				m.query <- len(*batches)
 			}
 		}
-	}, actor.Options[msg]{Mailbox: 16})
-	defer a.Stop()
+	}, opts)
+	t.Cleanup(a.Stop)
 	require.NoError(t, a.Send(context.Background(), msg{}))
 	<-entered
+	return a, batches, entered, release
+}
+
+func TestQueuedMessagesAreDrainedInOneBatch(t *testing.T) {
+	// Hold the loop inside the handler while 9 more messages queue up; the
+	// next batch must then take all of them at once.
+	a, batches, _, release := stuckRecorder(t, actor.Options[msg]{Mailbox: 16})
 	for range 8 {
 		require.NoError(t, a.Send(context.Background(), msg{}))
 	}
@@ -77,35 +84,19 @@ func TestQueuedMessagesAreDrainedInOneBatch(t *testing.T) {
 	require.NoError(t, a.Send(context.Background(), msg{query: q}))
 	close(release)
 	require.Equal(t, 2, <-q, "the nine queued messages arrive in the second batch")
-	require.Equal(t, []int{1, 9}, batches)
+	require.Equal(t, []int{1, 9}, *batches)
 }
 
 func TestBatchIsCapped(t *testing.T) {
-	entered, release := make(chan struct{}), make(chan struct{})
-	var batches []int
-	done := make(chan struct{})
-	a := actor.Start(func(batch []msg) {
-		batches = append(batches, len(batch))
-		if len(batches) == 1 {
-			close(entered)
-			<-release
-		}
-		for _, m := range batch {
-			if m.query != nil {
-				close(done)
-			}
-		}
-	}, actor.Options[msg]{Mailbox: 16, Batch: 4})
-	defer a.Stop()
-	require.NoError(t, a.Send(context.Background(), msg{}))
-	<-entered
+	a, batches, _, release := stuckRecorder(t, actor.Options[msg]{Mailbox: 16, Batch: 4})
 	for range 9 {
 		require.NoError(t, a.Send(context.Background(), msg{}))
 	}
-	require.NoError(t, a.Send(context.Background(), msg{query: make(chan int, 1)}))
+	q := make(chan int, 1)
+	require.NoError(t, a.Send(context.Background(), msg{query: q}))
 	close(release)
-	<-done
-	require.Equal(t, []int{1, 4, 4, 2}, batches)
+	require.Equal(t, 4, <-q, "ten queued messages in batches of at most four")
+	require.Equal(t, []int{1, 4, 4, 2}, *batches)
 }
 
 func TestStopIsIdempotentAndWaitsForTheLoop(t *testing.T) {
