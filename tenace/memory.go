@@ -16,10 +16,12 @@ import (
 // granted in arrival order, inside the process.
 //
 // Keys hash with xxhash to N shard goroutines (see package shard). Each shard
-// goroutine alone owns its keys' holders and FIFO wait queues; acquire,
-// cancel and release reach it as messages on its buffered mailbox, and grants
-// come back on per-waiter reply channels. No mutex, semaphore or spin lock
-// guards the lock state: the shard goroutine is its only owner.
+// goroutine alone owns its keys' holders and FIFO wait queues; acquire and
+// cancel reach it as messages on its buffered mailbox, and grants come back
+// on per-waiter reply channels. A release is one compare-and-swap on the
+// key's state word when nobody waits for the key, and a message when
+// someone does. No mutex, semaphore or spin lock guards the lock state: the
+// shard goroutine alone grants and queues.
 //
 // Guarantees:
 //   - Mutual exclusion: at most one lease per key is live at a time.
@@ -52,7 +54,10 @@ type MemoryLockProvider struct {
 	timers    sync.Pool // *time.Timer, stopped; per provider, like the shard's waiters
 }
 
-var _ LockProvider = (*MemoryLockProvider)(nil)
+var (
+	_ LockProvider  = (*MemoryLockProvider)(nil)
+	_ StatsProvider = (*MemoryLockProvider)(nil)
+)
 
 // MemoryOption configures NewMemoryLockProvider.
 type MemoryOption interface {
@@ -200,7 +205,7 @@ func (p *MemoryLockProvider) wait(ctx context.Context, key string, mode shard.Mo
 	if !out.Granted {
 		return false, nil
 	}
-	*dst = memoryLease{shard: s, key: key, token: out.Token}
+	dst.grant = out.Grant
 	return true, nil
 }
 
@@ -221,22 +226,42 @@ func (p *MemoryLockProvider) stopTimer(t *time.Timer) {
 }
 
 // Size is the number of keys held or waited for. It is exact once the
-// shards have applied every message sent before the call; a Release returns
-// before its shard applies it, so right after one Size may still count the
-// key. It costs one atomic load per shard.
+// shards have applied every message sent before the call: a Release of a
+// key nobody waits for is uncounted when it returns, but a Release that
+// hands the key to a waiter is a message, and right after one Size counts
+// what the shard has applied so far. It is 0 when idle. It costs one atomic
+// load per shard.
 func (p *MemoryLockProvider) Size() int { return p.group.Size() }
+
+// Stats reports the provider's locks from the counts the shards publish —
+// atomic loads, no message: Held is Size (the keys held; a key waited for is
+// held), Waiting the callers queued, LongestQueue the most queued for one
+// key. Like Size, it is exact once the shards have applied every message
+// sent before the call, and all zero when idle; it is safe for concurrent
+// use and never waits for a shard.
+func (p *MemoryLockProvider) Stats() LockStats {
+	var st LockStats
+	for i := range p.group.Shards() {
+		s := p.group.Shard(i)
+		waiting, longest := s.Waiting()
+		st.Held += s.Size()
+		st.Waiting += waiting
+		st.LongestQueue = max(st.LongestQueue, longest)
+	}
+	return st
+}
 
 // Close stops the provider: every waiter fails with ErrProviderClosed, later
 // Acquires fail the same way, leases already granted become no-ops, and the
-// shard goroutines have exited when Close returns. It is idempotent. On
+// shard goroutines have exited when Close returns — every Close, also one
+// called while another is still stopping the shards. It is idempotent. On
 // DefaultLockProvider() it returns an error and changes nothing.
 func (p *MemoryLockProvider) Close() error {
 	if p.isDefault {
 		return errDefaultClose
 	}
-	if p.closed.CompareAndSwap(false, true) {
-		p.group.Stop()
-	}
+	p.closed.Store(true)
+	p.group.Stop() // every call waits for the shards to exit, not only the first
 	return nil
 }
 
@@ -246,25 +271,26 @@ func (p *MemoryLockProvider) sync(ctx context.Context) error { return p.group.Sy
 
 // memoryLease is a MemoryLockProvider grant.
 type memoryLease struct {
-	shard    *shard.Shard
-	key      string
-	token    uint64
+	grant    shard.Grant
 	released atomic.Bool
 }
 
 var _ FencedLease = (*memoryLease)(nil)
 
 // Release releases the grant. It never fails and never waits for the shard
-// (ctx is not needed: the release is a message on the shard's mailbox, which
-// blocks only while that mailbox is full). What the calling goroutine does
-// next on the key is ordered after it. A second call does nothing.
+// (ctx is not needed): when nobody waits for the key it is one
+// compare-and-swap, and the key is free and uncounted by Size when Release
+// returns; when someone waits it is a message on the shard's mailbox, which
+// blocks only while that mailbox is full (see shard.Grant.Release). What the
+// calling goroutine does next on the key is ordered after it. A second call
+// does nothing.
 func (l *memoryLease) Release(context.Context) error {
 	if l.released.Swap(true) {
 		return nil
 	}
-	l.shard.Release(l.key, l.token)
+	l.grant.Release()
 	return nil
 }
 
 // Token is the grant's fencing token.
-func (l *memoryLease) Token() uint64 { return l.token }
+func (l *memoryLease) Token() uint64 { return l.grant.Token() }

@@ -167,7 +167,39 @@ func (m *providerMachine) Release(rt *rapid.T) {
 		return
 	}
 	require.NoError(rt, m.holder[key].lease.Release(context.Background()))
+	if len(m.queue[key]) == 0 {
+		// Released by CAS: Size drops before the shard runs at all.
+		require.Equal(rt, len(m.holder)-1, m.p.Size(), "Size right after a release nobody waited for")
+	}
 	m.handOn(rt, key)
+}
+
+// RaceReleaseAndAcquire releases a key nobody waits for while a new acquire
+// of it is on its way to the shard: the release by CAS and the shard's
+// marking the key contended race, and either way the newcomer is granted,
+// once, and nobody else.
+func (m *providerMachine) RaceReleaseAndAcquire(rt *rapid.T) {
+	var keys []string
+	for _, k := range m.keys {
+		if m.holder[k] != nil && len(m.queue[k]) == 0 {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 {
+		return // nothing to do: a no-op step, not a skip (see heldKey)
+	}
+	key := rapid.SampledFrom(keys).Draw(rt, "race key")
+	m.calls++
+	c := &pcall{id: m.calls, key: key, kind: waitForever}
+	go func() {
+		l, err := m.p.Acquire(context.Background(), key, tenace.LockAcquireOptions{})
+		m.results <- outcome{c, l, err}
+	}()
+	require.NoError(rt, m.holder[key].lease.Release(context.Background()))
+	o := m.expect(rt, c)[c]
+	require.NoError(rt, o.err)
+	require.NotNil(rt, o.lease, "%v: the key was released, the newcomer is granted", c)
+	c.lease, m.holder[key] = o.lease, c
 }
 
 // ReleaseTwice releases a lease that was already released: nothing happens,
@@ -289,6 +321,12 @@ func (m *providerMachine) RaceReleaseAndCancel(rt *rapid.T) {
 func (m *providerMachine) Check(rt *rapid.T) {
 	m.expect(rt)
 	require.Equal(rt, len(m.holder), m.p.Size(), "keys held or waited for")
+	want := tenace.LockStats{Held: len(m.holder)}
+	for _, q := range m.queue {
+		want.Waiting += len(q)
+		want.LongestQueue = max(want.LongestQueue, len(q))
+	}
+	require.Equal(rt, want, m.p.Stats(), "Stats once settled")
 }
 
 // drain releases every holder in turn until every waiter has had the lock;
@@ -302,6 +340,7 @@ func (m *providerMachine) drain(rt *rapid.T) {
 	}
 	synctest.Wait()
 	require.Zero(rt, m.p.Size(), "no key left held or waited for")
+	require.Zero(rt, m.p.Stats(), "nothing held, nobody waiting")
 	for _, k := range m.keys {
 		l, err := m.p.Acquire(context.Background(), k, tenace.LockAcquireOptions{Timeout: tenace.NoWait})
 		require.NoError(rt, err)
@@ -311,7 +350,8 @@ func (m *providerMachine) drain(rt *rapid.T) {
 }
 
 // ProviderProperty: goroutines drawn by rapid acquire, hold, release, time
-// out and cancel on a few keys, and race releases against cancels. It checks
+// out and cancel on a few keys, and race releases against cancels and
+// against new acquires (a release by CAS against the shard queueing). It checks
 // mutual exclusion (exactly the model's holder is granted), FIFO order, exact
 // Size, idempotent Release, and no leaked lock at the end. It must run inside
 // a testing/synctest bubble; it makes its provider there.
@@ -334,6 +374,7 @@ func ProviderProperty(rt *rapid.T) {
 		"cancel":        m.Cancel,
 		"timeout":       m.Timeout,
 		"race":          m.RaceReleaseAndCancel,
+		"race-acquire":  m.RaceReleaseAndAcquire,
 		"":              m.Check,
 	})
 	m.drain(rt)

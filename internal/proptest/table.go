@@ -126,6 +126,53 @@ func (tm *tableMachine) Release(rt *rapid.T) {
 	}
 }
 
+// ReleaseByCAS is the holder's own release, as a lease makes it: one
+// compare-and-swap, which frees the key only when nobody waits; otherwise
+// it fails, and the release goes to the table as a message (Release).
+func (tm *tableMachine) ReleaseByCAS(rt *rapid.T) {
+	key, ok := tm.heldKey(rt)
+	if !ok {
+		return
+	}
+	h := tm.waiters[tm.m.holder[key]].Held()
+	released, _ := tm.t.ReleaseByCAS(&h)
+	if len(tm.m.queue[key]) == 0 {
+		require.True(rt, released, "nobody waits: the CAS frees the key")
+		tm.grantNext(key)
+		require.Equal(rt, tm.m.size(), tm.t.Len(), "Len drops at once, before any reap")
+		return
+	}
+	require.False(rt, released, "a CAS must not free a key with waiters")
+	ok, next := tm.t.Release(key, h.Token())
+	require.True(rt, ok)
+	require.Equal(rt, tm.grantNext(key), tokenOf(next), "the release message grants the oldest waiter")
+}
+
+// ReleaseByCASStale retries the CAS of a grant that already ended: it
+// changes nothing, whoever holds the key now.
+func (tm *tableMachine) ReleaseByCASStale(rt *rapid.T) {
+	var ended []uint64
+	for token, w := range tm.waiters {
+		if w.State() == shard.Granted && tm.m.holder[w.Key()] != token {
+			ended = append(ended, token)
+		}
+	}
+	if len(ended) == 0 {
+		return // nothing to do: a no-op step, not a skip (see heldKey)
+	}
+	slices.Sort(ended)
+	h := tm.waiters[rapid.SampledFrom(ended).Draw(rt, "ended grant")].Held()
+	released, _ := tm.t.ReleaseByCAS(&h)
+	require.False(rt, released, "a stale grant's CAS frees nothing")
+}
+
+// Reap is the owner's batch-time cleanup: every key freed by CAS loses its
+// entry, and nothing held or waited for does.
+func (tm *tableMachine) Reap(rt *rapid.T) {
+	tm.t.Reap()
+	require.Equal(rt, tm.m.size(), tm.t.Entries(), "after a reap, an entry per key held, no more")
+}
+
 func (tm *tableMachine) ReleaseStale(rt *rapid.T) {
 	if len(tm.waiters) == 0 {
 		return // nothing to do: a no-op step, not a skip (see heldKey)
@@ -195,7 +242,8 @@ func (tm *tableMachine) CancelStale(rt *rapid.T) {
 func (tm *tableMachine) Check(rt *rapid.T) {
 	require.NoError(rt, tm.t.CheckInvariants())
 	require.Equal(rt, tm.m.size(), tm.t.Len(), "size: keys held or waited for")
-	waiting := 0
+	require.GreaterOrEqual(rt, tm.t.Entries(), tm.t.Len(), "every key held has its entry")
+	waiting, longest := 0, 0
 	for _, k := range tm.keys {
 		holder, held := tm.t.Holder(k)
 		require.Equal(rt, tm.m.holder[k] != 0, held, "key %q held", k)
@@ -206,38 +254,51 @@ func (tm *tableMachine) Check(rt *rapid.T) {
 		}
 		require.Equal(rt, want, tm.t.Queue(k), "key %q queue, in arrival order", k)
 		waiting += len(want)
+		longest = max(longest, len(want))
 	}
 	require.Equal(rt, waiting, tm.t.Waiting())
+	require.Equal(rt, longest, tm.t.Longest(), "the longest queue")
 }
 
 // Actions are the machine's named actions for rapid.T.Repeat; "" checks
 // the invariants after every step.
 func (tm *tableMachine) Actions() map[string]func(*rapid.T) {
 	return map[string]func(*rapid.T){
-		"acquire":        tm.Acquire,
-		"try":            tm.TryAcquire,
-		"release":        tm.Release,
-		"release-stale":  tm.ReleaseStale,
-		"cancel-queued":  tm.CancelQueued,
-		"cancel-granted": tm.CancelGranted,
-		"cancel-stale":   tm.CancelStale,
-		"":               tm.Check,
+		"acquire":           tm.Acquire,
+		"try":               tm.TryAcquire,
+		"release":           tm.Release,
+		"release-cas":       tm.ReleaseByCAS,
+		"release-cas-stale": tm.ReleaseByCASStale,
+		"reap":              tm.Reap,
+		"release-stale":     tm.ReleaseStale,
+		"cancel-queued":     tm.CancelQueued,
+		"cancel-granted":    tm.CancelGranted,
+		"cancel-stale":      tm.CancelStale,
+		"":                  tm.Check,
 	}
 }
 
 // TableProperty is the table state-machine property: any sequence of
-// acquires, tries, releases (current and stale tokens) and cancels (queued,
-// granted, stale) keeps the invariants and agrees with the FIFO model; at the
-// end, releasing every holder in turn empties the table.
+// acquires, tries, releases (by message and by CAS, current and stale
+// grants), reaps and cancels (queued, granted, stale) keeps the invariants
+// and agrees with the FIFO model; at the end, releasing every holder in turn
+// and reaping empties the table.
 func TableProperty(rt *rapid.T) {
 	tm := NewTableMachine([]string{"a", "b", "c"})
 	rt.Repeat(tm.Actions())
 	for _, k := range tm.keys {
 		for tm.m.holder[k] != 0 {
-			_, next := tm.t.Release(k, tm.m.holder[k])
+			h := tm.waiters[tm.m.holder[k]].Held()
+			if released, _ := tm.t.ReleaseByCAS(&h); released {
+				tm.grantNext(k)
+				continue
+			}
+			_, next := tm.t.Release(k, h.Token())
 			require.Equal(rt, tm.grantNext(k), tokenOf(next))
 		}
 	}
-	require.Zero(rt, tm.t.Len(), "an idle table keeps no entry")
+	require.Zero(rt, tm.t.Len(), "an idle table holds nothing")
+	tm.t.Reap()
+	require.Zero(rt, tm.t.Entries(), "an idle, reaped table keeps no entry")
 	require.NoError(rt, tm.t.CheckInvariants())
 }

@@ -177,6 +177,22 @@ func (a *Actor[M]) Send(ctx context.Context, m M) error {
 	return nil
 }
 
+// TrySend enqueues m if the mailbox has room and Stop was not called, and
+// reports whether it did; it never blocks. A message that is enqueued as
+// Stop is called may go unhandled: use it for hints (a wake-up) that can be
+// lost, never for a message whose reply a caller waits for.
+func (a *Actor[M]) TrySend(m M) bool {
+	if a.isStopping() {
+		return false
+	}
+	select {
+	case a.mailbox <- envelope[M]{m: m}:
+		return true
+	default:
+		return false
+	}
+}
+
 // sendBlocking waits for room in the mailbox. It is its own function so
 // that the common path's frame stays small: every waiting goroutine's stack
 // holds that frame.

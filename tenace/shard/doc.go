@@ -7,19 +7,27 @@
 //	callers (any goroutine)                    shard goroutines
 //	─────────────────────────                 ─────────────────────────────
 //	Acquire(k) ──┐  xxhash(k)·N>>64            ┌──────────────────────────┐
-//	Release(k) ──┼──────────────► mailbox ───► │ actor loop: drain batch, │
-//	cancel(w)  ──┘   (buffered chan,           │ apply to Table, publish  │
-//	                  FIFO per shard)          │ size, deliver replies    │
+//	Release(k) ──┼──────────────► mailbox ───► │ actor loop: reap, drain  │
+//	 (waiters)   │   (buffered chan,           │ batch, apply to Table,   │
+//	cancel(w)  ──┘    FIFO per shard)          │ publish, deliver replies │
 //	                                           └────────────┬─────────────┘
 //	waiter's reply chan (buffer 1) ◄──── grant / refused / cancelled / closed
 //
+//	Release(k), nobody waiting: CAS k's word held(t) → free, push on the
+//	shard's reclaim stack; the shard deletes the idle entry at its next batch
+//
 // Each shard goroutine alone owns its Table: the holders and FIFO wait
-// queues of its keys. Acquire, cancel and release reach it only as messages
-// on its mailbox (package actor); grants go back on a per-waiter reply
-// channel with a buffer of one, so the shard never blocks on a caller that
-// stopped listening. No mutex, semaphore or spin lock guards the lock state:
-// ownership by one goroutine is the whole concurrency story, and the
-// mailbox's FIFO order is the whole ordering story.
+// queues of its keys. Acquire and cancel reach it only as messages on its
+// mailbox (package actor); grants go back on a per-waiter reply channel with
+// a buffer of one, so the shard never blocks on a caller that stopped
+// listening. A release is one compare-and-swap on the key's state word when
+// nobody waits, and a message when someone does (the shard marks the word
+// contended before it queues anyone, so the CAS fails exactly then): the
+// common uncontended release costs the shard nothing. No mutex, semaphore or
+// spin lock guards the lock state: the CAS is tried once, never looped on,
+// and only the shard grants; ownership by one goroutine is the whole
+// concurrency story, and the mailbox's FIFO order is the whole ordering
+// story. [Table] gives the protocol and why it keeps the arrival order.
 //
 // The Table is where the protocol lives, with no goroutines, channels or
 // clock: methods take a request and return its effects (the waiter granted
@@ -44,6 +52,7 @@
 //
 // # Verifying
 //
-// Build with -tags tenace_verify to run [Table.CheckInvariants] after every
-// message each shard applies.
+// Build with -tags tenace_verify to run the table's invariant check after
+// every message each shard applies (the parts a concurrent release by CAS
+// cannot change mid-walk).
 package shard

@@ -63,10 +63,12 @@ func (g *Group) For(key string) *Shard {
 // Shards returns the number of shards.
 func (g *Group) Shards() int { return len(g.shards) }
 
+// Shard returns shard i, 0 ≤ i < Shards().
+func (g *Group) Shard(i int) *Shard { return g.shards[i] }
+
 // Size is the number of keys held or waited for over all shards: the sum of
-// the sizes each shard published after its last batch. It is exact once
-// every shard has applied every message sent to it (see Sync), and costs one
-// atomic load per shard.
+// the shards' held counts. It is exact once every shard has applied every
+// message sent to it (see Sync), and costs one atomic load per shard.
 func (g *Group) Size() int {
 	n := 0
 	for _, s := range g.shards {
@@ -87,8 +89,9 @@ func (g *Group) Sync(ctx context.Context) error {
 }
 
 // Stop stops every shard: each fails its queued waiters (their Acquire
-// returns ErrStopped) and its goroutine exits before Stop returns. Later
-// calls fail with ErrStopped. Stop is idempotent.
+// returns ErrStopped) and its goroutine exits before Stop returns — for
+// every call, also one made while another is stopping the shards. Later
+// calls of the shards' methods fail with ErrStopped. Stop is idempotent.
 func (g *Group) Stop() {
 	for _, s := range g.shards {
 		s.mb.Stop()

@@ -2,5 +2,5 @@
 
 package shard
 
-// mutant idlekey: leaves an idle key's entry in the table.
+// mutant idlekey: the reaper leaves idle keys' entries in the table.
 const mutant = "idlekey"

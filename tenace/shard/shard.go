@@ -38,6 +38,7 @@ const (
 type reply struct {
 	kind  replyKind
 	token uint64
+	lock  *entry[chan reply] // with replyGranted: the key's entry, for a release by CAS
 }
 
 // waiter is the Table's waiter with its reply channel.
@@ -58,6 +59,7 @@ const (
 	msgRelease         // key, token: end grant token
 	msgCancel          // w: withdraw w (see Shard.withdraw)
 	msgSync            // w: reply once every earlier message is applied
+	msgReap            // nothing: wakes the shard to reap keys freed by CAS (see Grant.Release)
 )
 
 // message is the one type on a shard's mailbox; kind says which fields count.
@@ -73,6 +75,8 @@ type Outcome struct {
 	// Granted reports that the caller holds the key, as grant Token.
 	Granted bool
 	Token   uint64
+	// Grant is what the caller keeps to release the key, when Granted.
+	Grant Grant
 	// PassedOn reports that the caller gave up (its context ended or its
 	// timeout passed) at the moment the shard granted it: the withdrawal
 	// passed the grant on, so the caller holds nothing. It is false when the
@@ -81,20 +85,72 @@ type Outcome struct {
 	PassedOn bool
 }
 
+// Grant is a granted key, as its holder keeps it to release it. Its zero
+// value holds nothing.
+//
+// Keep a Grant where it is until it is released, and never reuse its memory
+// for another grant: a Grant released by CAS sits on the shard's reclaim
+// stack until the shard's next batch, linked through its own fields.
+type Grant struct {
+	shard *Shard
+	key   string
+	held  Held[chan reply]
+}
+
+// Token is the grant's token: strictly increasing per key, grant after
+// grant.
+func (g *Grant) Token() uint64 { return g.held.token }
+
+// Release ends the grant. Call it at most once per grant (the caller guards
+// against a second call). It never waits for the shard:
+//
+//   - When nobody waits for the key, it is one compare-and-swap on the
+//     key's entry (see [Table], "Release by compare-and-swap"): the key is
+//     free, and Size no longer counts it, when Release returns. The shard
+//     deletes the idle entry at its next batch; every reapDepth such
+//     releases, the releaser wakes it with a reap message (without
+//     blocking: if the mailbox is full, a batch is coming anyway).
+//   - When someone waits, the CAS fails and the release is a message on the
+//     shard's mailbox, which the shard applies by granting the oldest
+//     waiter. The send blocks only while the mailbox is full.
+//
+// Either way, what the same goroutine sends to this shard afterwards (its
+// next Acquire of the key, a Sync) is applied after the release: the CAS is
+// visible to the shard's next read of the word, and the message is ahead in
+// the FIFO mailbox. The release happens before the grant it lets through.
+// After the group stopped, it does nothing.
+func (g *Grant) Release() {
+	s := g.shard
+	if s == nil {
+		return
+	}
+	released, reap := s.table.ReleaseByCAS(&g.held)
+	if !released {
+		s.Release(g.key, g.held.token)
+		return
+	}
+	if reap {
+		s.mb.TrySend(message{kind: msgReap})
+	}
+}
+
 // Shard is one shard goroutine and the [Table] it alone owns.
 //
 // Concurrency: table, out and queued are owned by the loop goroutine (the
-// actor's handler); callers reach them only through mailbox messages. size is
-// written by the loop and read by anyone. No mutex guards anything here.
+// actor's handler); callers reach them only through mailbox messages, except
+// for a release by CAS, which touches only the table's atomics (see
+// [Grant.Release]). waiting and longest are written by the loop and read by
+// anyone. No mutex guards anything here.
 type Shard struct {
 	group *Group
 	mb    *actor.Actor[message]
 
-	_    [64]byte // keep size on a cache line of its own: the loop writes it every batch
-	size atomic.Int64
-	_    [64]byte
+	_       [64]byte // keep the published counts on a cache line of their own
+	waiting atomic.Int64
+	longest atomic.Int64
+	_       [64]byte
 
-	// Owned by the loop goroutine.
+	// Owned by the loop goroutine, but for the table's atomics.
 	table  *Table[chan reply]
 	out    []delivery
 	queued []string
@@ -115,10 +171,12 @@ func newShard(g *Group) *Shard {
 	return s
 }
 
-// handle applies one batch of messages to the table, publishes the new size,
-// then delivers the replies. Publishing before replying means that a caller
-// who has its reply sees a Size that includes its own effect.
+// handle reaps the keys freed by CAS, applies one batch of messages to the
+// table, publishes the waiting counts, then delivers the replies. The table
+// counts held keys as it grants, before any reply: a caller who has its
+// reply sees a Size that includes its own effect.
 func (s *Shard) handle(batch []message) {
+	s.table.Reap()
 	for i := range batch {
 		m := &batch[i]
 		switch m.kind {
@@ -148,16 +206,17 @@ func (s *Shard) handle(batch []message) {
 			}
 		case msgSync:
 			s.out = append(s.out, delivery{m.w, reply{kind: replySynced}})
+		case msgReap: // the Reap above did it
 		default:
 			panic("tenace: internal error: shard message of unknown kind")
 		}
 		if verify {
-			if err := s.table.CheckInvariants(); err != nil {
+			if err := s.table.checkInvariants(false); err != nil {
 				panic("tenace: internal error: lock table invariant broken: " + err.Error())
 			}
 		}
 	}
-	s.size.Store(int64(s.table.Len()))
+	s.publish()
 	s.flush()
 	for _, key := range s.queued {
 		s.group.opts.OnQueued(key)
@@ -167,7 +226,18 @@ func (s *Shard) handle(batch []message) {
 }
 
 func (s *Shard) grant(w *waiter) {
-	s.out = append(s.out, delivery{w, reply{kind: replyGranted, token: w.token}})
+	s.out = append(s.out, delivery{w, reply{kind: replyGranted, token: w.token, lock: w.lock}})
+}
+
+// publish stores the waiting counts for Stats; a store only when they
+// changed, so that a batch without waiters writes nothing shared.
+func (s *Shard) publish() {
+	if n := int64(s.table.Waiting()); s.waiting.Load() != n {
+		s.waiting.Store(n)
+	}
+	if n := int64(s.table.Longest()); s.longest.Load() != n {
+		s.longest.Store(n)
+	}
 }
 
 func (s *Shard) flush() {
@@ -192,7 +262,7 @@ func (s *Shard) stop() {
 	for _, w := range s.table.Drain() {
 		s.out = append(s.out, delivery{w, reply{kind: replyClosed}})
 	}
-	s.size.Store(0)
+	s.publish()
 	s.flush()
 }
 
@@ -217,6 +287,12 @@ func (s *Shard) stop() {
 //     table, finding the waiter still the holder, passes the grant on to the
 //     next waiter (Table.Cancel) — the waiter never releases it, so nothing
 //     leaks, and nobody runs under it.
+//   - Release by CAS does not enter this race. Only the holder of a grant
+//     may CAS its word to free, and a caller who gave up never holds a
+//     grant: it never received a Grant to release. So when the cancel is
+//     applied, the word still names the raced grant — held, or contended if
+//     others queued since — and only the shard changes it: Cancel passes it
+//     on exactly as a release message would.
 //   - Either way exactly one reply is in (or on its way to) the channel, so
 //     the one receive below cannot block forever and leaves the channel
 //     empty for the waiter's next use.
@@ -261,7 +337,7 @@ func (s *Shard) Acquire(ctx context.Context, key string, mode Mode, timeout <-ch
 	s.group.putWaiter(w)
 	switch r.kind {
 	case replyGranted:
-		return Outcome{Granted: true, Token: r.token}, nil
+		return Outcome{Granted: true, Token: r.token, Grant: Grant{shard: s, key: key, held: Held[chan reply]{lock: r.lock, token: r.token}}}, nil
 	case replyRefused:
 		return Outcome{}, nil
 	}
@@ -281,8 +357,9 @@ func (s *Shard) withdraw(w *waiter, cause error) (Outcome, error) {
 	return Outcome{PassedOn: r.kind == replyGranted}, cause
 }
 
-// Release ends grant token on key. It returns once the release is in the
-// mailbox, usually before the shard has applied it; anything the same
+// Release ends grant token on key by a message: the fallback of
+// [Grant.Release], which a holder should use instead. It returns once the
+// release is in the mailbox, usually before the shard has applied it; anything the same
 // goroutine sends to this shard afterwards (its next Acquire of the key, a
 // Sync) is applied after it, because the mailbox is FIFO. The release
 // happens before the grant it lets through: the shard applies it, then sends
@@ -307,6 +384,13 @@ func (s *Shard) Sync(ctx context.Context) error {
 	return nil
 }
 
-// Size is the number of keys this shard holds or has waiters for, as of the
-// last batch it applied.
-func (s *Shard) Size() int { return int(s.size.Load()) }
+// Size is the number of keys this shard holds or has waiters for: exact as
+// soon as a release by CAS returns, and as of the last batch applied for
+// grants and releases by message.
+func (s *Shard) Size() int { return s.table.Len() }
+
+// Waiting is the number of callers queued on this shard's keys, and Longest
+// the most queued for one key, as of the last batch applied.
+func (s *Shard) Waiting() (waiting, longest int) {
+	return int(s.waiting.Load()), int(s.longest.Load())
+}

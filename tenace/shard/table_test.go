@@ -81,9 +81,9 @@ func TestCheckInvariantsCatchesCorruption(t *testing.T) {
 	b.state = Granted // corrupt: a granted waiter left in the queue
 	require.ErrorContains(t, tb.CheckInvariants(), "invariant 4")
 	b.state = Queued
-	e := tb.entries["k"]
-	e.holder = 0
-	tb.entries["k"] = e
+	tb.entries["k"].state.Store(held(a.Token())) // corrupt: waiters, but a holder's CAS would free the key
+	require.ErrorContains(t, tb.CheckInvariants(), "invariant 3")
+	tb.entries["k"].state.Store(stDead) // corrupt: a dead entry in the map
 	require.ErrorContains(t, tb.CheckInvariants(), "invariant 1")
 }
 

@@ -1,0 +1,67 @@
+package shard
+
+// Mutation points. Each function below is the table's correct rule at one
+// point of the protocol, named for what it decides, so that table.go reads
+// as the protocol alone. Under a tenace_mutant_<name> build tag (one file
+// each, mutant_<name>.go) one of them breaks its rule on purpose, for
+// package fuzz's mutation check (scripts/mutants): the fuzz targets must
+// kill every mutant. In every normal build mutant is "" and each function is
+// its first or last line, which the compiler inlines.
+
+// nextHolder is the waiter a freed key passes to: the oldest.
+// Mutant lifo: the newest.
+func nextHolder[T any](e *entry[T]) *Waiter[T] {
+	if mutant == "lifo" {
+		return e.tail
+	}
+	return e.head
+}
+
+// refusesHeld reports that a try on a held key is refused.
+// Mutant doublegrant: it is granted, and the key has two holders.
+func refusesHeld() bool { return mutant != "doublegrant" }
+
+// leavesQueue reports that a cancelled waiter leaves its queue.
+// Mutant ghostwaiter: it stays queued, and is granted later to nobody.
+func leavesQueue() bool { return mutant != "ghostwaiter" }
+
+// passesOnRacedGrant reports that a grant its waiter gave up on passes on.
+// Mutant leakcancel: it is kept, and the key leaks.
+func passesOnRacedGrant() bool { return mutant != "leakcancel" }
+
+// isCurrent reports whether word s is held by grant token.
+// Mutant stalerelease: any held word is, so a stale token frees the holder.
+func isCurrent(s, token uint64) bool {
+	if s == stFree || s == stDead {
+		return false
+	}
+	return tokenOfWord(s) == token || mutant == "stalerelease"
+}
+
+// releaseWord is the word a holder's CAS expects: held(token), so the CAS
+// fails when waiters made it contended.
+// Mutant casignoreswaiters: the word as it is, contended or not, so the CAS
+// frees a key its waiters then wait for forever.
+func releaseWord[T any](e *entry[T], token uint64) uint64 {
+	if mutant == "casignoreswaiters" {
+		if s := e.state.Load(); tokenOfWord(s) == token && s != stDead {
+			return s
+		}
+	}
+	return held(token)
+}
+
+// reclaimable reports whether Reap may delete e: only while it is free.
+// Mutant idlekey: never, so idle keys stay in the table.
+// Mutant reapheld: unless dead, so a key held again since its release by
+// CAS loses its entry, and a new one grants it a second time.
+func reclaimable[T any](e *entry[T]) bool {
+	s := e.state.Load()
+	switch mutant {
+	case "idlekey":
+		return false
+	case "reapheld":
+		return s != stDead
+	}
+	return s == stFree
+}
