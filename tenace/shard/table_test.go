@@ -92,3 +92,142 @@ func TestStateStrings(t *testing.T) {
 		require.Equal(t, want, s.String())
 	}
 }
+
+// heldOf is what a holder keeps of w's grant, on the heap as a lease would.
+func heldOf(w *Waiter[int]) *Held[int] {
+	h := w.Held()
+	return &h
+}
+
+func TestTableReleaseByCASFreesAKeyNobodyWaitsFor(t *testing.T) {
+	tb := NewTable[int]()
+	a := &Waiter[int]{}
+	require.True(t, tb.Acquire("k", a))
+	released, reap := tb.ReleaseByCAS(heldOf(a))
+	require.True(t, released)
+	require.False(t, reap)
+	require.Zero(t, tb.Len(), "free at once")
+	require.Equal(t, 1, tb.Entries(), "the entry waits for the owner's reap")
+	require.NoError(t, tb.CheckInvariants())
+	released, _ = tb.ReleaseByCAS(heldOf(a))
+	require.False(t, released, "a second CAS of the same grant frees nothing")
+	tb.Reap()
+	require.Zero(t, tb.Entries())
+	require.NoError(t, tb.CheckInvariants())
+}
+
+func TestTableReleaseByCASFailsWhenSomeoneWaits(t *testing.T) {
+	tb := NewTable[int]()
+	a, b := &Waiter[int]{}, &Waiter[int]{}
+	tb.Acquire("k", a)
+	require.False(t, tb.Acquire("k", b), "b queues, and the key is marked contended")
+	released, _ := tb.ReleaseByCAS(heldOf(a))
+	require.False(t, released, "the holder must send its release as a message")
+	require.Equal(t, 1, tb.Len())
+	ok, next := tb.Release("k", a.Token())
+	require.True(t, ok)
+	require.Same(t, b, next)
+	released, _ = tb.ReleaseByCAS(heldOf(b))
+	require.True(t, released, "b's grant has nobody behind it")
+	require.NoError(t, tb.CheckInvariants())
+}
+
+func TestTableCancellingTheLastWaiterLetsTheHolderReleaseByCAS(t *testing.T) {
+	tb := NewTable[int]()
+	a, b := &Waiter[int]{}, &Waiter[int]{}
+	tb.Acquire("k", a)
+	tb.Acquire("k", b)
+	removed, _ := tb.Cancel(b)
+	require.True(t, removed)
+	released, _ := tb.ReleaseByCAS(heldOf(a))
+	require.True(t, released, "nobody waits any more")
+	require.NoError(t, tb.CheckInvariants())
+}
+
+// TestTableAcquireOfAKeyFreedByCASBeforeTheReap: the key's entry is still in
+// the map, free; the acquire takes it, and the reap that follows must leave
+// it, because it is held again.
+func TestTableAcquireOfAKeyFreedByCASBeforeTheReap(t *testing.T) {
+	tb := NewTable[int]()
+	a, b, c := &Waiter[int]{}, &Waiter[int]{}, &Waiter[int]{}
+	tb.Acquire("k", a)
+	released, _ := tb.ReleaseByCAS(heldOf(a))
+	require.True(t, released)
+	require.True(t, tb.Acquire("k", b), "a free entry is granted at once")
+	tb.Reap()
+	holder, held := tb.Holder("k")
+	require.True(t, held, "the reap keeps a held entry")
+	require.Equal(t, b.Token(), holder)
+	require.False(t, tb.TryAcquire("k", c))
+	require.NoError(t, tb.CheckInvariants())
+}
+
+// TestTableStaleCASOnARecycledEntry: an entry reaped and recycled for
+// another key keeps its old holder's pointer valid, and that holder's CAS
+// (the token differs) frees nothing.
+func TestTableStaleCASOnARecycledEntry(t *testing.T) {
+	tb := NewTable[int]()
+	a, b := &Waiter[int]{}, &Waiter[int]{}
+	tb.Acquire("k", a)
+	ha := heldOf(a)
+	released, _ := tb.ReleaseByCAS(ha)
+	require.True(t, released)
+	tb.Reap()
+	tb.Acquire("other", b)
+	require.Same(t, a.lock, b.lock, "the entry was recycled")
+	ha.next = nil
+	released, _ = tb.ReleaseByCAS(ha)
+	require.False(t, released)
+	require.Equal(t, 1, tb.Len())
+	require.NoError(t, tb.CheckInvariants())
+}
+
+func TestTableAsksForAReapOncePerStackAtReapDepth(t *testing.T) {
+	tb := NewTable[int]()
+	var asked []int
+	for i := range 3 * reapDepth {
+		w := &Waiter[int]{}
+		tb.Acquire(fmt.Sprint(i), w)
+		if _, reap := tb.ReleaseByCAS(heldOf(w)); reap {
+			asked = append(asked, i+1)
+		}
+		if i == reapDepth+10 {
+			tb.Reap() // the owner reaps: the next stack starts afresh
+		}
+	}
+	require.Equal(t, []int{reapDepth, reapDepth + 11 + reapDepth}, asked)
+}
+
+func TestTableRebuildsItsMapAfterABurst(t *testing.T) {
+	tb := NewTable[int]()
+	var hs []*Held[int]
+	for i := range 10 * shrinkMin {
+		w := &Waiter[int]{}
+		tb.Acquire(fmt.Sprint(i), w)
+		hs = append(hs, heldOf(w))
+	}
+	require.Equal(t, 10*shrinkMin, tb.peak)
+	for _, h := range hs[:len(hs)-10] {
+		tb.ReleaseByCAS(h)
+	}
+	tb.Reap()
+	require.Equal(t, 10, tb.Entries())
+	require.Equal(t, 10, tb.peak, "the map was rebuilt at its new size")
+	require.NoError(t, tb.CheckInvariants())
+}
+
+func TestTableDrainMakesEveryWordDead(t *testing.T) {
+	tb := NewTable[int]()
+	a, b, c := &Waiter[int]{}, &Waiter[int]{}, &Waiter[int]{}
+	tb.Acquire("k", a)
+	tb.Acquire("k", b)
+	tb.Acquire("j", c)
+	released, _ := tb.ReleaseByCAS(heldOf(c))
+	require.True(t, released)
+	require.Equal(t, []*Waiter[int]{b}, tb.Drain())
+	require.Zero(t, tb.Len())
+	released, _ = tb.ReleaseByCAS(heldOf(a))
+	require.False(t, released, "a lease of a drained table frees nothing")
+	require.Zero(t, tb.Len())
+	require.NoError(t, tb.CheckInvariants())
+}

@@ -1,0 +1,5 @@
+//go:build race
+
+package tenace_test
+
+const raceEnabled = true
