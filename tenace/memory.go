@@ -205,7 +205,7 @@ func (p *MemoryLockProvider) wait(ctx context.Context, key string, mode shard.Mo
 	if !out.Granted {
 		return false, nil
 	}
-	dst.grant = out.Grant
+	dst.grant = out.Grant(s, key)
 	return true, nil
 }
 

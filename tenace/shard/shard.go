@@ -33,6 +33,11 @@ const (
 	replyCancelled           // the waiter left the queue before its grant
 	replyClosed              // the shard stopped while the waiter was queued
 	replySynced              // a Sync barrier was reached
+
+	// Not sent by the shard: what awaitOrGiveUp reports when the caller
+	// gave up before its reply came.
+	gaveUpCtx
+	gaveUpTimeout
 )
 
 type reply struct {
@@ -75,14 +80,20 @@ type Outcome struct {
 	// Granted reports that the caller holds the key, as grant Token.
 	Granted bool
 	Token   uint64
-	// Grant is what the caller keeps to release the key, when Granted.
-	Grant Grant
 	// PassedOn reports that the caller gave up (its context ended or its
 	// timeout passed) at the moment the shard granted it: the withdrawal
 	// passed the grant on, so the caller holds nothing. It is false when the
 	// caller left the queue before any grant. For tests and statistics; both
 	// leave the key as if the caller had never asked.
 	PassedOn bool
+
+	lock *entry[chan reply] // the key's entry, when Granted
+}
+
+// Grant is what the caller keeps, when o is Granted, to release key of
+// shard s, the key and shard it asked for; see [Grant].
+func (o Outcome) Grant(s *Shard, key string) Grant {
+	return Grant{shard: s, key: key, held: Held[chan reply]{lock: o.lock, token: o.Token}}
 }
 
 // Grant is a granted key, as its holder keeps it to release it. Its zero
@@ -326,22 +337,40 @@ func (s *Shard) Acquire(ctx context.Context, key string, mode Mode, timeout <-ch
 	if done := ctx.Done(); done == nil && timeout == nil {
 		r = <-w.Value // a plain receive is much cheaper than a select
 	} else {
-		select {
-		case r = <-w.Value:
-		case <-done:
+		switch r = awaitOrGiveUp(w, done, timeout); r.kind {
+		case gaveUpCtx:
 			return s.withdraw(w, ctx.Err())
-		case <-timeout:
+		case gaveUpTimeout:
 			return s.withdraw(w, nil)
 		}
 	}
 	s.group.putWaiter(w)
 	switch r.kind {
 	case replyGranted:
-		return Outcome{Granted: true, Token: r.token, Grant: Grant{shard: s, key: key, held: Held[chan reply]{lock: r.lock, token: r.token}}}, nil
+		return Outcome{Granted: true, Token: r.token, lock: r.lock}, nil
 	case replyRefused:
 		return Outcome{}, nil
 	}
 	return Outcome{}, ErrStopped // replyClosed
+}
+
+// awaitOrGiveUp waits for w's reply, or for done or timeout, whichever
+// comes first; giving up is reported as a reply of kind gaveUpCtx or
+// gaveUpTimeout. It is its own function so that the select's frame is on
+// the stack only of waiters that can give up: every parked waiter keeps
+// Acquire's frame, and a 2 KiB stack has little room (see bench/README.md,
+// Waiters).
+//
+//go:noinline
+func awaitOrGiveUp(w *waiter, done <-chan struct{}, timeout <-chan time.Time) reply {
+	select {
+	case r := <-w.Value:
+		return r
+	case <-done:
+		return reply{kind: gaveUpCtx}
+	case <-timeout:
+		return reply{kind: gaveUpTimeout}
+	}
 }
 
 // withdraw cancels w after its caller gave up, and returns cause; see the
