@@ -2,7 +2,6 @@ package tenace
 
 import (
 	"context"
-	"errors"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -146,33 +145,81 @@ func DefaultLockProvider() *MemoryLockProvider { return defaultProvider() }
 // the next waiter, and Acquire reports the give-up: an error or nil lease
 // always means nothing is held. opts.TTL is ignored: these locks never expire.
 func (p *MemoryLockProvider) Acquire(ctx context.Context, key string, opts LockAcquireOptions) (LockLease, error) {
-	l := new(memoryLease)
-	ok, err := p.acquire(ctx, key, opts, l)
-	if !ok {
+	// acquire's body, written out: every parked waiter keeps this frame and
+	// those below it on its stack, and with one frame fewer the stack stays
+	// within the 2 KiB a goroutine starts with (see acquire).
+	if err := p.check(ctx, key, &opts); err != nil {
 		return nil, err
 	}
-	return l, nil
+	mode := shard.Wait
+	switch {
+	case opts.Timeout == NoWait:
+		mode = shard.Try
+	case opts.Timeout > 0:
+		l := new(memoryLease)
+		if ok, err := p.acquireTimeout(ctx, key, opts, l); !ok {
+			return nil, err
+		}
+		return l, nil
+	}
+	s := p.group.For(key)
+	out, err := s.Acquire(ctx, key, mode, nil)
+	if err != nil {
+		if err == shard.ErrStopped { // the shard returns it unwrapped
+			return nil, ErrProviderClosed
+		}
+		return nil, err
+	}
+	if !out.Granted {
+		return nil, nil
+	}
+	return &memoryLease{grant: out.Grant(s)}, nil
 }
 
 // acquire is Acquire writing the grant into dst, so that the Lock strategy
 // can keep the lease inside its own allocation.
+//
+// Its frame, and those below it, stay on the stack of every parked waiter,
+// and a goroutine's first stack is 2 KiB: the checks are in their own
+// function, and this one is small enough to be inlined into its callers.
 func (p *MemoryLockProvider) acquire(ctx context.Context, key string, opts LockAcquireOptions, dst *memoryLease) (bool, error) {
-	if err := validateAcquire(key, opts); err != nil {
+	if err := p.check(ctx, key, &opts); err != nil {
 		return false, err
 	}
-	if p.closed.Load() {
-		return false, ErrProviderClosed
-	}
-	if err := ctx.Err(); err != nil {
-		return false, err
-	}
+	mode := shard.Wait
 	switch {
 	case opts.Timeout == NoWait:
-		return p.wait(ctx, key, shard.Try, nil, dst)
+		mode = shard.Try
 	case opts.Timeout > 0:
 		return p.acquireTimeout(ctx, key, opts, dst)
 	}
-	return p.wait(ctx, key, shard.Wait, nil, dst)
+	// wait's body, written out: one frame fewer on a waiter's stack.
+	s := p.group.For(key)
+	out, err := s.Acquire(ctx, key, mode, nil)
+	if err != nil {
+		if err == shard.ErrStopped { // the shard returns it unwrapped
+			return false, ErrProviderClosed
+		}
+		return false, err
+	}
+	if !out.Granted {
+		return false, nil
+	}
+	dst.grant = out.Grant(s)
+	return true, nil
+}
+
+// check returns why an acquire must not be sent, or nil.
+//
+//go:noinline
+func (p *MemoryLockProvider) check(ctx context.Context, key string, opts *LockAcquireOptions) error {
+	if err := validateAcquire(key, *opts); err != nil {
+		return err
+	}
+	if p.closed.Load() {
+		return ErrProviderClosed
+	}
+	return ctx.Err()
 }
 
 // acquireTimeout is acquire with a timeout: the timer lives in this frame,
@@ -197,7 +244,7 @@ func (p *MemoryLockProvider) wait(ctx context.Context, key string, mode shard.Mo
 	s := p.group.For(key)
 	out, err := s.Acquire(ctx, key, mode, timeout)
 	if err != nil {
-		if errors.Is(err, shard.ErrStopped) {
+		if err == shard.ErrStopped { // the shard returns it unwrapped
 			return false, ErrProviderClosed
 		}
 		return false, err
@@ -205,7 +252,7 @@ func (p *MemoryLockProvider) wait(ctx context.Context, key string, mode shard.Mo
 	if !out.Granted {
 		return false, nil
 	}
-	dst.grant = out.Grant(s, key)
+	dst.grant = out.Grant(s)
 	return true, nil
 }
 

@@ -33,26 +33,28 @@ type tableMachine struct {
 	m       *model
 	keys    []string
 	waiters map[uint64]*shard.Waiter[int] // every waiter ever created, by token
+	keyOf   map[uint64]string             // and the key each asked for
 	last    uint64
 }
 
 func NewTableMachine(keys []string) *tableMachine {
-	return &tableMachine{t: shard.NewTable[int](), m: newModel(), keys: keys, waiters: map[uint64]*shard.Waiter[int]{}}
+	return &tableMachine{t: shard.NewTable[int](), m: newModel(), keys: keys, waiters: map[uint64]*shard.Waiter[int]{}, keyOf: map[uint64]string{}}
 }
 
-func (tm *tableMachine) record(rt *rapid.T, w *shard.Waiter[int]) {
+func (tm *tableMachine) record(rt *rapid.T, key string, w *shard.Waiter[int]) {
 	if w.Token() <= tm.last {
 		rt.Fatalf("token %d after %d: tokens must only go up", w.Token(), tm.last)
 	}
 	tm.last = w.Token()
 	tm.waiters[w.Token()] = w
+	tm.keyOf[w.Token()] = key
 }
 
 func (tm *tableMachine) Acquire(rt *rapid.T) {
 	key := rapid.SampledFrom(tm.keys).Draw(rt, "key")
 	w := &shard.Waiter[int]{}
 	granted := tm.t.Acquire(key, w)
-	tm.record(rt, w)
+	tm.record(rt, key, w)
 	if tm.m.holder[key] == 0 {
 		require.True(rt, granted, "a free key is granted at once")
 		require.Equal(rt, shard.Granted, w.State())
@@ -68,7 +70,7 @@ func (tm *tableMachine) TryAcquire(rt *rapid.T) {
 	key := rapid.SampledFrom(tm.keys).Draw(rt, "key")
 	w := &shard.Waiter[int]{}
 	granted := tm.t.TryAcquire(key, w)
-	tm.record(rt, w)
+	tm.record(rt, key, w)
 	if tm.m.holder[key] == 0 {
 		require.True(rt, granted)
 		tm.m.holder[key] = w.Token()
@@ -143,7 +145,7 @@ func (tm *tableMachine) ReleaseByCAS(rt *rapid.T) {
 		return
 	}
 	require.False(rt, released, "a CAS must not free a key with waiters")
-	ok, next := tm.t.Release(key, h.Token())
+	ok, next := tm.t.ReleaseHeld(&h)
 	require.True(rt, ok)
 	require.Equal(rt, tm.grantNext(key), tokenOf(next), "the release message grants the oldest waiter")
 }
@@ -153,7 +155,7 @@ func (tm *tableMachine) ReleaseByCAS(rt *rapid.T) {
 func (tm *tableMachine) ReleaseByCASStale(rt *rapid.T) {
 	var ended []uint64
 	for token, w := range tm.waiters {
-		if w.State() == shard.Granted && tm.m.holder[w.Key()] != token {
+		if w.State() == shard.Granted && tm.m.holder[tm.keyOf[token]] != token {
 			ended = append(ended, token)
 		}
 	}
@@ -164,6 +166,9 @@ func (tm *tableMachine) ReleaseByCASStale(rt *rapid.T) {
 	h := tm.waiters[rapid.SampledFrom(ended).Draw(rt, "ended grant")].Held()
 	released, _ := tm.t.ReleaseByCAS(&h)
 	require.False(rt, released, "a stale grant's CAS frees nothing")
+	released, next := tm.t.ReleaseHeld(&h)
+	require.False(rt, released, "nor does its release message")
+	require.Nil(rt, next)
 }
 
 // Reap is the owner's batch-time cleanup: every key freed by CAS loses its
@@ -201,7 +206,7 @@ func (tm *tableMachine) CancelQueued(rt *rapid.T) {
 	require.True(rt, removed)
 	require.Nil(rt, next, "cancelling a waiter grants nobody")
 	require.Equal(rt, shard.Cancelled, w.State())
-	tm.m.queue[w.Key()] = slices.DeleteFunc(tm.m.queue[w.Key()], func(t uint64) bool { return t == token })
+	tm.m.queue[tm.keyOf[token]] = slices.DeleteFunc(tm.m.queue[tm.keyOf[token]], func(t uint64) bool { return t == token })
 }
 
 // CancelGranted is the abort during grant: the waiter gave up after the
@@ -221,7 +226,7 @@ func (tm *tableMachine) CancelGranted(rt *rapid.T) {
 func (tm *tableMachine) CancelStale(rt *rapid.T) {
 	var stale []uint64
 	for token, w := range tm.waiters {
-		if w.State() != shard.Queued && tm.m.holder[w.Key()] != token {
+		if w.State() != shard.Queued && tm.m.holder[tm.keyOf[token]] != token {
 			stale = append(stale, token)
 		}
 	}
@@ -293,7 +298,7 @@ func TableProperty(rt *rapid.T) {
 				tm.grantNext(k)
 				continue
 			}
-			_, next := tm.t.Release(k, h.Token())
+			_, next := tm.t.ReleaseHeld(&h)
 			require.Equal(rt, tm.grantNext(k), tokenOf(next))
 		}
 	}

@@ -23,7 +23,7 @@ func TestUncontendedAcquireReleaseAllocatesOnlyTheGrant(t *testing.T) {
 	allocs := testing.AllocsPerRun(1000, func() {
 		out, _ := s.Acquire(context.Background(), "k", Wait, nil)
 		held := new(Grant)
-		*held = out.Grant(s, "k")
+		*held = out.Grant(s)
 		held.Release() // by CAS: nobody waits
 		out, _ = s.Acquire(context.Background(), "k", Wait, nil)
 		s.Release("k", out.Token) // by message

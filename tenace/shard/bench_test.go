@@ -17,7 +17,7 @@ func BenchmarkShardAcquireRelease(b *testing.B) {
 	for b.Loop() {
 		out, _ := s.Acquire(ctx, "k", Wait, nil)
 		held := new(Grant) // as the provider's lease keeps it; see Grant
-		*held = out.Grant(s, "k")
+		*held = out.Grant(s)
 		held.Release()
 	}
 }

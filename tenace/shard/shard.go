@@ -40,10 +40,12 @@ const (
 	gaveUpTimeout
 )
 
+// reply is 16 bytes, so that a waiter's channel (96-byte header and a
+// buffer of one) fits the 112-byte size class. A grant's entry is not in it:
+// the table wrote it in the waiter, which the caller reads after the reply.
 type reply struct {
 	kind  replyKind
 	token uint64
-	lock  *entry[chan reply] // with replyGranted: the key's entry, for a release by CAS
 }
 
 // waiter is the Table's waiter with its reply channel.
@@ -58,13 +60,14 @@ type waiter = Waiter[chan reply]
 type msgKind uint8
 
 const (
-	msgInvalid msgKind = iota
-	msgAcquire         // key, w: queue w for key
-	msgTry             // key, w: grant w if key is free, else refuse
-	msgRelease         // key, token: end grant token
-	msgCancel          // w: withdraw w (see Shard.withdraw)
-	msgSync            // w: reply once every earlier message is applied
-	msgReap            // nothing: wakes the shard to reap keys freed by CAS (see Grant.Release)
+	msgInvalid     msgKind = iota
+	msgAcquire             // key, w: queue w for key
+	msgTry                 // key, w: grant w if key is free, else refuse
+	msgRelease             // key, token: end grant token
+	msgReleaseHeld         // held: end the grant held names (Grant.Release's fallback)
+	msgCancel              // w: withdraw w (see Shard.withdraw)
+	msgSync                // w: reply once every earlier message is applied
+	msgReap                // nothing: wakes the shard to reap keys freed by CAS (see Grant.Release)
 )
 
 // message is the one type on a shard's mailbox; kind says which fields count.
@@ -73,6 +76,7 @@ type message struct {
 	key   string
 	token uint64
 	w     *waiter
+	held  *Held[chan reply]
 }
 
 // Outcome is the result of [Shard.Acquire] when it returns no error.
@@ -90,10 +94,10 @@ type Outcome struct {
 	lock *entry[chan reply] // the key's entry, when Granted
 }
 
-// Grant is what the caller keeps, when o is Granted, to release key of
-// shard s, the key and shard it asked for; see [Grant].
-func (o Outcome) Grant(s *Shard, key string) Grant {
-	return Grant{shard: s, key: key, held: Held[chan reply]{lock: o.lock, token: o.Token}}
+// Grant is what the caller keeps, when o is Granted, to release the key it
+// asked shard s for; see [Grant].
+func (o Outcome) Grant(s *Shard) Grant {
+	return Grant{shard: s, held: Held[chan reply]{lock: o.lock, token: o.Token}}
 }
 
 // Grant is a granted key, as its holder keeps it to release it. Its zero
@@ -104,7 +108,6 @@ func (o Outcome) Grant(s *Shard, key string) Grant {
 // stack until the shard's next batch, linked through its own fields.
 type Grant struct {
 	shard *Shard
-	key   string
 	held  Held[chan reply]
 }
 
@@ -137,7 +140,10 @@ func (g *Grant) Release() {
 	}
 	released, reap := s.table.ReleaseByCAS(&g.held)
 	if !released {
-		s.Release(g.key, g.held.token)
+		// Never gives up on a context: a release that was dropped would
+		// leak the key. It blocks only while the mailbox is full. h stays
+		// valid: a Grant is never reused (see above).
+		_ = s.mb.Send(context.Background(), message{kind: msgReleaseHeld, held: &g.held})
 		return
 	}
 	if reap {
@@ -207,6 +213,10 @@ func (s *Shard) handle(batch []message) {
 			if _, next := s.table.Release(m.key, m.token); next != nil {
 				s.grant(next)
 			}
+		case msgReleaseHeld:
+			if _, next := s.table.ReleaseHeld(m.held); next != nil {
+				s.grant(next)
+			}
 		case msgCancel:
 			removed, next := s.table.Cancel(m.w)
 			if removed {
@@ -237,7 +247,7 @@ func (s *Shard) handle(batch []message) {
 }
 
 func (s *Shard) grant(w *waiter) {
-	s.out = append(s.out, delivery{w, reply{kind: replyGranted, token: w.token, lock: w.lock}})
+	s.out = append(s.out, delivery{w, reply{kind: replyGranted, token: w.token}})
 }
 
 // publish stores the waiting counts for Stats; a store only when they
@@ -339,15 +349,19 @@ func (s *Shard) Acquire(ctx context.Context, key string, mode Mode, timeout <-ch
 	} else {
 		switch r = awaitOrGiveUp(w, done, timeout); r.kind {
 		case gaveUpCtx:
-			return s.withdraw(w, ctx.Err())
+			return Outcome{PassedOn: s.withdraw(w)}, ctx.Err()
 		case gaveUpTimeout:
-			return s.withdraw(w, nil)
+			return Outcome{PassedOn: s.withdraw(w)}, nil
 		}
 	}
+	// The table wrote w.lock before the shard sent the reply, and the
+	// receive happens after the send: the read is ordered. It must come
+	// before the waiter goes back to the pool.
+	lock := w.lock
 	s.group.putWaiter(w)
 	switch r.kind {
 	case replyGranted:
-		return Outcome{Granted: true, Token: r.token, lock: r.lock}, nil
+		return Outcome{Granted: true, Token: r.token, lock: lock}, nil
 	case replyRefused:
 		return Outcome{}, nil
 	}
@@ -373,9 +387,10 @@ func awaitOrGiveUp(w *waiter, done <-chan struct{}, timeout <-chan time.Time) re
 	}
 }
 
-// withdraw cancels w after its caller gave up, and returns cause; see the
-// abort-during-grant note on Acquire.
-func (s *Shard) withdraw(w *waiter, cause error) (Outcome, error) {
+// withdraw cancels w after its caller gave up, and reports whether the
+// grant raced the give-up and was passed on; see the abort-during-grant note
+// on Acquire.
+func (s *Shard) withdraw(w *waiter) (passedOn bool) {
 	// No ctx: the caller's has ended, and the cancel must get through. It
 	// blocks only while the mailbox is full, which the loop is draining. If
 	// the shard is stopping the cancel may go unhandled, but the acquire was
@@ -383,7 +398,7 @@ func (s *Shard) withdraw(w *waiter, cause error) (Outcome, error) {
 	_ = s.mb.Send(context.Background(), message{kind: msgCancel, w: w})
 	r := <-w.Value
 	s.group.putWaiter(w)
-	return Outcome{PassedOn: r.kind == replyGranted}, cause
+	return r.kind == replyGranted
 }
 
 // Release ends grant token on key by a message: the fallback of

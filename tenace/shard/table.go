@@ -46,17 +46,16 @@ func (s State) String() string {
 // A waiter may be reused for a later request once its outcome was reported,
 // with one exception: a Granted waiter that may still be passed to
 // [Table.Cancel] (the abort-during-grant case) must not be reused before that
-// call, because Cancel reads its key, token and entry.
+// call, because Cancel reads its token and entry.
 type Waiter[T any] struct {
 	// Value is the caller's data (the shard goroutine keeps the reply
 	// channel here). The table never reads or writes it.
 	Value T
 
-	key        string
 	token      uint64
-	state      State
-	lock       *entry[T] // the key's entry, once granted
+	lock       *entry[T] // the key's entry, once queued or granted
 	prev, next *Waiter[T]
+	state      State
 }
 
 // Token is the grant token the table gave the waiter when it arrived.
@@ -64,9 +63,6 @@ func (w *Waiter[T]) Token() uint64 { return w.token }
 
 // State is where the waiter stands.
 func (w *Waiter[T]) State() State { return w.state }
-
-// Key is the key the waiter asked for.
-func (w *Waiter[T]) Key() string { return w.key }
 
 // Held is what the holder of a grant keeps to release it: see
 // [Table.ReleaseByCAS]. Its zero value holds nothing.
@@ -175,8 +171,8 @@ type entry[T any] struct {
 //  3. A key with waiters is contended (so its holder cannot free it by CAS);
 //     tokens strictly increase along holder, queue head, …, queue tail, and
 //     every token is at most the last one handed out.
-//  4. Every queued waiter has state Queued and the key of the queue it is in;
-//     the queue's links and counts agree.
+//  4. Every queued waiter has state Queued and the entry of the queue it is
+//     in; the queue's links and counts agree.
 //
 // Fairness: a key is granted in arrival order — the order in which the table
 // receives the requests, which for the shard goroutine is the order the
@@ -233,9 +229,9 @@ const (
 	shrinkRatio = 8
 )
 
-func (t *Table[T]) arrive(key string, w *Waiter[T]) {
+func (t *Table[T]) arrive(w *Waiter[T]) {
 	t.last++
-	w.key, w.token, w.lock, w.prev, w.next = key, t.last, nil, nil, nil
+	w.token, w.lock, w.prev, w.next = t.last, nil, nil, nil
 }
 
 // Acquire hands w to the table for key. If key is free, w is granted at once
@@ -243,7 +239,7 @@ func (t *Table[T]) arrive(key string, w *Waiter[T]) {
 // and will be returned, when its turn comes, by the Release or Cancel that
 // frees the key.
 func (t *Table[T]) Acquire(key string, w *Waiter[T]) (granted bool) {
-	t.arrive(key, w)
+	t.arrive(w)
 	e := t.entries[key]
 	if e == nil {
 		t.grantNew(key, w)
@@ -262,7 +258,7 @@ func (t *Table[T]) Acquire(key string, w *Waiter[T]) (granted bool) {
 	}
 	// The word is contended now: the holder's CAS fails from here on, and
 	// its release comes as a message.
-	w.state = Queued
+	w.state, w.lock = Queued, e
 	if e.tail == nil {
 		e.head = w
 	} else {
@@ -275,7 +271,7 @@ func (t *Table[T]) Acquire(key string, w *Waiter[T]) (granted bool) {
 
 // TryAcquire grants w if key is free and refuses it otherwise; w never queues.
 func (t *Table[T]) TryAcquire(key string, w *Waiter[T]) (granted bool) {
-	t.arrive(key, w)
+	t.arrive(w)
 	e := t.entries[key]
 	if e == nil {
 		t.grantNew(key, w)
@@ -389,6 +385,20 @@ func (t *Table[T]) recycle(e *entry[T]) {
 	}
 }
 
+// ReleaseHeld is [Table.Release] of the grant h: the message a holder
+// sends when its CAS found waiters. It needs no map lookup: h names the
+// entry, and the entry's word says whether h is still its grant.
+func (t *Table[T]) ReleaseHeld(h *Held[T]) (released bool, next *Waiter[T]) {
+	if h.lock == nil {
+		return false, nil
+	}
+	s := h.lock.state.Load()
+	if !isCurrent(s, h.token) {
+		return false, nil
+	}
+	return true, t.handOn(h.lock, s)
+}
+
 // Release ends the grant token on key: the message path, for a holder whose
 // CAS found waiters. If token is the current grant, the key passes to its
 // oldest waiter, returned as next (nil when nobody waits, and the key's
@@ -494,7 +504,7 @@ func (t *Table[T]) Cancel(w *Waiter[T]) (removed bool, next *Waiter[T]) {
 		if !leavesQueue() {
 			return true, nil
 		}
-		e := t.entries[w.key]
+		e := w.lock
 		t.unlink(e, w)
 		if e.head == nil {
 			// A plain store: nobody but the owner writes a contended word.
@@ -618,8 +628,8 @@ func (t *Table[T]) checkInvariants(quiescent bool) error {
 			if w.state != Queued {
 				errs = append(errs, fmt.Errorf("invariant 4: key %q waiter %d is %v in the queue", key, w.token, w.state))
 			}
-			if w.key != key {
-				errs = append(errs, fmt.Errorf("invariant 4: waiter %d for key %q is queued under %q", w.token, w.key, key))
+			if w.lock != e {
+				errs = append(errs, fmt.Errorf("invariant 4: waiter %d queued under key %q has another key's entry", w.token, key))
 			}
 			if w.prev != prev {
 				errs = append(errs, fmt.Errorf("invariant 4: key %q waiter %d has a wrong prev link", key, w.token))

@@ -1,0 +1,5 @@
+//go:build !tenace_verify
+
+package tenace_test
+
+const verifying = false
