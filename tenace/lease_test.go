@@ -111,7 +111,7 @@ func TestFnsContextEndsWhenItsLeaseIsLost(t *testing.T) {
 		require.ErrorIs(t, err, tenace.ErrLeaseLost)
 		require.ErrorIs(t, err, cause)
 		require.Equal(t, 1, fp.releaseCount(), "a lost lease is still released")
-		require.Equal(t, []string{"lock.acquired:k", "lock.lost:k", "lock.released:k"}, rec.names())
+		require.Equal(t, []string{"lock.acquiring:k", "lock.acquired:k", "lock.lost:k", "lock.released:k"}, rec.names())
 	})
 }
 
@@ -125,7 +125,7 @@ func TestALeaseNotLostEmitsNoLostEvent(t *testing.T) {
 	require.NoError(t, err)
 	// Lost after the work: nobody is told, nothing leaks (goleak).
 	lease.Lose(nil)
-	require.Equal(t, []string{"lock.acquired:k", "lock.released:k"}, rec.names())
+	require.Equal(t, []string{"lock.acquiring:k", "lock.acquired:k", "lock.released:k"}, rec.names())
 }
 
 func TestValidateAcquire(t *testing.T) {

@@ -139,6 +139,13 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	}
 	opts := LockAcquireOptions{Timeout: l.opts.Timeout, TTL: l.opts.TTL, Clock: x.Clock()}
 
+	// Events cost nothing without listeners: no clock read, no Event.
+	observed := x.HasListeners()
+	var start time.Time
+	if observed {
+		start = opts.Clock.Now()
+		x.Emit(Event{Name: EventLockAcquiring, Key: key, Context: ctx})
+	}
 	var held *heldCtx
 	var err error
 	if mp, ok := provider.(*MemoryLockProvider); ok {
@@ -155,30 +162,51 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	}
 	if err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+			if observed {
+				emitWaitEnd(ctx, x, EventLockCancelled, key, start, err)
+			}
 			return err
+		}
+		if observed {
+			emitWaitEnd(ctx, x, EventLockFailed, key, start, err)
 		}
 		return &UnexpectedError{Err: err}
 	}
 	if held == nil || held.lease == nil {
 		if ctxErr := ctx.Err(); ctxErr != nil {
+			if observed {
+				emitWaitEnd(ctx, x, EventLockCancelled, key, start, ctxErr)
+			}
 			return ctxErr // a provider may report a ctx that ended as "not granted"
 		}
-		x.Emit(Event{Name: EventLockRejected, Key: key})
-		return &LockNotAcquiredError{Key: key}
+		rejected := &LockNotAcquiredError{Key: key}
+		if observed {
+			emitWaitEnd(ctx, x, EventLockRejected, key, start, rejected)
+		}
+		return rejected
 	}
 	if err := ctx.Err(); err != nil {
 		// The grant landed as the context ended: the call was still waiting
 		// when it was cancelled, so fn must not run, and the grant goes back.
 		_ = held.lease.Release(context.WithoutCancel(ctx))
+		if observed {
+			emitWaitEnd(ctx, x, EventLockCancelled, key, start, err)
+		}
 		return err
+	}
+	var granted time.Time
+	if observed {
+		granted = opts.Clock.Now()
 	}
 	// Released in a defer, so that a panic in fn, in an inner step or in a
 	// listener of the acquired event does not leak the lock.
-	defer release(ctx, x, key, held.lease)
-	x.Emit(Event{Name: EventLockAcquired, Key: key})
+	defer release(ctx, x, key, held.lease, granted)
+	if observed {
+		x.Emit(Event{Name: EventLockAcquired, Key: key, Context: ctx, Wait: granted.Sub(start), Token: tokenOf(held.lease)})
+	}
 	switch l := held.lease.(type) {
 	case LosableLease:
-		return runWatched(held, x, key, l, next)
+		return runWatched(ctx, held, x, key, l, granted, next)
 	case ExpiringLease:
 		// Work under a lapsed lock must stop: end the inner context at the
 		// lease's expiry, with a cause that says so.
@@ -189,13 +217,16 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	return next.Run(held)
 }
 
-// runWatched runs the inner steps while watching a lease that can be lost:
-// the moment it is lost their context ends with the lease's error as its
-// cause, and EventLockLost is emitted — from the watching goroutine, while
-// fn may still run (listeners are already safe for concurrent use: a policy
-// runs many calls at once). The watcher has exited when runWatched returns.
-func runWatched(ctx context.Context, x policy.Execution, key string, l LosableLease, next policy.Next) error {
-	inner, cancel := context.WithCancelCause(ctx)
+// runWatched runs the inner steps, with held as their parent context, while
+// watching a lease that can be lost: the moment it is lost their context
+// ends with the lease's error as its cause, and EventLockLost is emitted —
+// from the watching goroutine, while fn may still run (listeners are already
+// safe for concurrent use: a policy runs many calls at once). The watcher
+// has exited when runWatched returns, so the lost event always comes before
+// the released one. ctx is the Lock's own context, for the event; granted is
+// when the lease was granted (zero without listeners).
+func runWatched(ctx, held context.Context, x policy.Execution, key string, l LosableLease, granted time.Time, next policy.Next) error {
+	inner, cancel := context.WithCancelCause(held)
 	defer cancel(nil)
 	stop := make(chan struct{})
 	done := make(chan struct{})
@@ -205,7 +236,10 @@ func runWatched(ctx context.Context, x policy.Execution, key string, l LosableLe
 		case <-l.Lost():
 			err := l.Err()
 			cancel(err)
-			x.Emit(Event{Name: EventLockLost, Key: key})
+			if x.HasListeners() {
+				hold := x.Clock().Now().Sub(granted)
+				x.Emit(Event{Name: EventLockLost, Key: key, Context: ctx, Hold: hold, Token: tokenOf(l), Err: err})
+			}
 		case <-stop:
 		}
 	}()
@@ -216,10 +250,29 @@ func runWatched(ctx context.Context, x policy.Execution, key string, l LosableLe
 	return next.Run(inner)
 }
 
-func release(ctx context.Context, x policy.Execution, key string, lease LockLease) {
+// release releases lease and emits EventLockReleased; granted is when the
+// lease was granted (zero without listeners).
+func release(ctx context.Context, x policy.Execution, key string, lease LockLease, granted time.Time) {
+	rctx := ctx
 	if ctx.Err() != nil {
-		ctx = context.WithoutCancel(ctx)
+		rctx = context.WithoutCancel(ctx)
 	}
-	_ = lease.Release(ctx) // ignored: see Lock
-	x.Emit(Event{Name: EventLockReleased, Key: key})
+	err := lease.Release(rctx) // not returned: see Lock; listeners see it
+	if x.HasListeners() {
+		hold := x.Clock().Now().Sub(granted)
+		x.Emit(Event{Name: EventLockReleased, Key: key, Context: ctx, Hold: hold, Token: tokenOf(lease), Err: err})
+	}
+}
+
+// emitWaitEnd emits name, an event that ends the wait begun at start.
+func emitWaitEnd(ctx context.Context, x policy.Execution, name, key string, start time.Time, err error) {
+	x.Emit(Event{Name: name, Key: key, Context: ctx, Wait: x.Clock().Now().Sub(start), Err: err})
+}
+
+// tokenOf is the lease's fencing token, or 0 if it has none.
+func tokenOf(l LockLease) uint64 {
+	if f, ok := l.(FencedLease); ok {
+		return f.Token()
+	}
+	return 0
 }

@@ -7,7 +7,9 @@ import (
 	"time"
 )
 
-// EventTimeout is the event a [Timeout] emits when its deadline fires.
+// EventTimeout is the event a [Timeout] emits when its deadline fires. Its
+// Err is the [*TimeoutError] the step returns; Context is the step's parent
+// context.
 const EventTimeout = "timeout"
 
 // TimeoutError is returned by a [Timeout] step whose own deadline passed
@@ -87,8 +89,11 @@ func (t *Timeout) Run(ctx context.Context, x Execution, next Next) error {
 	if context.Cause(inner) != errOwnDeadline {
 		return err
 	}
-	x.Emit(Event{Name: EventTimeout, Key: x.Key()})
-	return &TimeoutError{Timeout: t.d, Key: x.Key(), Err: err}
+	terr := &TimeoutError{Timeout: t.d, Key: x.Key(), Err: err}
+	if x.HasListeners() {
+		x.Emit(Event{Name: EventTimeout, Key: x.Key(), Context: ctx, Err: terr})
+	}
+	return terr
 }
 
 // clockDeadlineCtx is a cancel context ended by a Clock's timer; it reports
