@@ -36,7 +36,8 @@ type LockOptions struct {
 //	err := p.Execute(ctx, buildReport)
 //
 // The key is LockOptions.Key, else the execution key; with neither, the call
-// returns ErrMissingKey and nothing runs. Then the Lock asks the provider:
+// returns ErrMissingKey and nothing runs. Then the Lock emits
+// EventLockAcquiring and asks the provider:
 //   - granted: it emits EventLockAcquired, runs the inner steps with a
 //     context from which LeaseFrom returns the lease, and releases the lock
 //     when they return — normally, with an error, or by panic (the panic
@@ -48,8 +49,14 @@ type LockOptions struct {
 //     *LockNotAcquiredError.
 //   - the context ended while waiting: the call leaves the queue and returns
 //     the context's error; fn does not run, even if the lock was granted at
-//     that moment (the grant is released at once).
-//   - the provider failed: *UnexpectedError wrapping its error.
+//     that moment (the grant is released at once). It emits
+//     EventLockCancelled.
+//   - the provider failed: *UnexpectedError wrapping its error;
+//     EventLockFailed.
+//
+// The events carry the wait, the hold, the fencing token and the error (see
+// the Event... names); they are timed on the policy's clock, which is read
+// only when the policy has listeners.
 //
 // A lease that can be lost while held (LosableLease: a distributed lock
 // whose renewal failed, whose connection dropped, or that reached its TTL)
