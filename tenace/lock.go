@@ -237,8 +237,14 @@ func runWatched(ctx, held context.Context, x policy.Execution, key string, l Los
 	defer cancel(nil)
 	stop := make(chan struct{})
 	done := make(chan struct{})
+	// A listener of the lost event that panics must not crash the process
+	// from the watcher goroutine: its panic is carried over and goes on up
+	// through Execute from the caller's goroutine, like any listener's, once
+	// the inner steps have returned (the lock is still released).
+	var listenerPanic any
 	go func() {
 		defer close(done)
+		defer func() { listenerPanic = recover() }()
 		select {
 		case <-l.Lost():
 			err := l.Err()
@@ -253,6 +259,9 @@ func runWatched(ctx, held context.Context, x policy.Execution, key string, l Los
 	defer func() {
 		close(stop)
 		<-done
+		if listenerPanic != nil {
+			panic(listenerPanic)
+		}
 	}()
 	return next.Run(inner)
 }
