@@ -155,10 +155,10 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	}
 	var held *heldCtx
 	var err error
-	if mp, ok := provider.(*MemoryLockProvider); ok {
+	if in, ok := provider.(leaseInliner); ok {
 		held = &heldCtx{Context: ctx}
 		var granted bool
-		if granted, err = mp.acquire(ctx, key, opts, &held.mem); granted {
+		if granted, err = in.acquireInto(ctx, key, opts, &held.mem); granted {
 			held.lease = &held.mem
 		}
 	} else {

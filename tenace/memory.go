@@ -145,9 +145,9 @@ func DefaultLockProvider() *MemoryLockProvider { return defaultProvider() }
 // the next waiter, and Acquire reports the give-up: an error or nil lease
 // always means nothing is held. opts.TTL is ignored: these locks never expire.
 func (p *MemoryLockProvider) Acquire(ctx context.Context, key string, opts LockAcquireOptions) (LockLease, error) {
-	// acquire's body, written out: every parked waiter keeps this frame and
+	// acquireInto's body, written out: every parked waiter keeps this frame and
 	// those below it on its stack, and with one frame fewer the stack stays
-	// within the 2 KiB a goroutine starts with (see acquire).
+	// within the 2 KiB a goroutine starts with (see acquireInto).
 	if err := p.check(ctx, key, &opts); err != nil {
 		return nil, err
 	}
@@ -176,13 +176,25 @@ func (p *MemoryLockProvider) Acquire(ctx context.Context, key string, opts LockA
 	return &memoryLease{grant: out.Grant(s)}, nil
 }
 
-// acquire is Acquire writing the grant into dst, so that the Lock strategy
-// can keep the lease inside its own allocation.
+// leaseInliner is the optional interface of a provider whose lease the Lock
+// step can keep inside its own allocation (the context that carries the
+// lease), so that a lock step costs one allocation: acquireInto is Acquire
+// writing the grant into dst instead of allocating a lease. Unexported: the
+// lease type is the memory provider's; any other provider, or a wrapper of
+// this one, goes through Acquire.
+type leaseInliner interface {
+	acquireInto(ctx context.Context, key string, opts LockAcquireOptions, dst *memoryLease) (granted bool, err error)
+}
+
+var _ leaseInliner = (*MemoryLockProvider)(nil)
+
+// acquireInto is Acquire writing the grant into dst, so that the Lock
+// strategy can keep the lease inside its own allocation (see leaseInliner).
 //
 // Its frame, and those below it, stay on the stack of every parked waiter,
 // and a goroutine's first stack is 2 KiB: the checks are in their own
 // function, and this one is small enough to be inlined into its callers.
-func (p *MemoryLockProvider) acquire(ctx context.Context, key string, opts LockAcquireOptions, dst *memoryLease) (bool, error) {
+func (p *MemoryLockProvider) acquireInto(ctx context.Context, key string, opts LockAcquireOptions, dst *memoryLease) (bool, error) {
 	if err := p.check(ctx, key, &opts); err != nil {
 		return false, err
 	}
@@ -222,7 +234,7 @@ func (p *MemoryLockProvider) check(ctx context.Context, key string, opts *LockAc
 	return ctx.Err()
 }
 
-// acquireTimeout is acquire with a timeout: the timer lives in this frame,
+// acquireTimeout is acquireInto with a timeout: the timer lives in this frame,
 // off the common path, so that a plain waiter's frames stay small — every
 // parked waiter keeps them on its stack (see bench/README.md, Waiters).
 func (p *MemoryLockProvider) acquireTimeout(ctx context.Context, key string, opts LockAcquireOptions, dst *memoryLease) (bool, error) {
