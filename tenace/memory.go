@@ -76,7 +76,9 @@ func (f memoryOptionFunc) apply(c *memoryConfig) { f(c) }
 // WithShards sets the number of shard goroutines. The default is
 // runtime.GOMAXPROCS(0) at creation: a shard goroutine is the serial point of
 // its keys, so one per P lets every P run one, and more than that only adds
-// goroutines for the scheduler to juggle (measurements in bench/README.md).
+// goroutines for the scheduler to juggle. Measured against one shard (which
+// is also GOMAXPROCS/2 there) on 2 cores, across the bench matrix, the
+// difference stayed within the noise (bench/README.md, "Shard count").
 // More shards spread unrelated keys further; one shard gives a single FIFO
 // order over all keys. It panics if n < 1.
 func WithShards(n int) MemoryOption {
