@@ -314,7 +314,7 @@ func (t *Table[T]) grantFree(e *entry[T], w *Waiter[T]) {
 // that the stack just reached reapDepth and the owner should be woken to
 // reap (once per stack). It reports false when the key has waiters (or the
 // grant is stale, or the table was drained): the caller must send the
-// release to the owner, who calls [Table.Release].
+// release to the owner, who calls [Table.ReleaseHeld] with h.
 //
 // The push is a lock-free stack's compare-and-swap: it is retried only when
 // another release pushed first, never waits for anyone, and h is pushed
