@@ -1,0 +1,45 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"tenace.dev/tenace"
+	"tenace.dev/tenace/redislock"
+)
+
+// A provider on a client that honours ctx deadlines (ContextTimeoutEnabled),
+// closed when done, guarding a report that only one process may build at a
+// time. (Not run: it needs a Redis server on localhost:6379.)
+func ExampleNew() {
+	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
+	defer client.Close()
+	// WithLogger: New warns if the client ignores ctx deadlines.
+	locks := redislock.New(client, redislock.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, nil))))
+	defer locks.Close()
+
+	p := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: locks, Key: "reports", Timeout: 5 * time.Second, TTL: time.Minute})
+	err := p.Execute(context.Background(), func(ctx context.Context) error {
+		l, _ := tenace.LeaseFrom(ctx)
+		token := l.(tenace.FencedLease).Token() // give it to the storage that refuses stale writers
+		_ = token
+		return nil
+	})
+	var nae *tenace.LockNotAcquiredError
+	if errors.As(err, &nae) {
+		// another process is building it
+	}
+}
+
+// CheckClient reports a client that ignores ctx deadlines.
+func ExampleCheckClient() {
+	err := redislock.CheckClient(redis.NewClient(&redis.Options{Addr: "localhost:6379"}))
+	if errors.Is(err, redislock.ErrContextTimeoutDisabled) {
+		// build the client with ContextTimeoutEnabled: true
+	}
+}
