@@ -61,8 +61,8 @@ type attempt struct {
 	p                               *Provider
 	key, lockKey, fenceKey, channel string
 	token, voidKey                  string
-	ttlMS                           int64 // the TTL Redis is told, whole ms
-	ttl                             time.Duration
+	pxMS                            int64         // the first expiry Redis is told, whole ms: min(window, TTL)
+	ttl                             time.Duration // the cap, whole ms; 0: none
 }
 
 func (p *Provider) newAttempt(key string, ttl time.Duration) *attempt {
@@ -73,20 +73,22 @@ func (p *Provider) newAttempt(key string, ttl time.Duration) *attempt {
 	a.voidKey = voidKey(a.lockKey, a.token)
 	// Whole milliseconds, rounded down: the lease never promises more than
 	// the server keeps.
-	a.ttlMS = ttl.Milliseconds()
-	a.ttl = time.Duration(a.ttlMS) * time.Millisecond
+	a.ttl = ttl.Truncate(time.Millisecond)
+	px := p.window
+	if a.ttl > 0 && a.ttl < px {
+		px = a.ttl
+	}
+	a.pxMS = px.Milliseconds()
 	return a
 }
 
-// validate checks what Acquire is given.
+// validate checks what Acquire is given: the kit's checks, and Redis's
+// resolution of a millisecond.
 func validate(key string, opts tenace.LockAcquireOptions) error {
-	if key == "" {
-		return fmt.Errorf("%w (redislock.Acquire was given an empty key)", tenace.ErrMissingKey)
+	if err := tenace.ValidateAcquire(key, opts); err != nil {
+		return err
 	}
-	if opts.Timeout < 0 && opts.Timeout != tenace.NoWait {
-		return fmt.Errorf("%w: LockAcquireOptions.Timeout is %v; use a positive duration, 0 to wait as long as ctx allows, or NoWait", tenace.ErrInvalidOption, opts.Timeout)
-	}
-	if opts.TTL < 0 || (opts.TTL > 0 && opts.TTL < time.Millisecond) {
+	if opts.TTL > 0 && opts.TTL < time.Millisecond {
 		return fmt.Errorf("%w: LockAcquireOptions.TTL is %v; Redis keeps TTLs in whole milliseconds: use 1ms or more, or 0 for the provider's default", tenace.ErrInvalidOption, opts.TTL)
 	}
 	return nil
@@ -127,7 +129,7 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	if ttl == 0 {
 		ttl = p.ttl
 	}
-	actx, cancel := acquireContext(ctx, opts)
+	actx, cancel := tenace.AcquireContext(ctx, opts)
 	defer cancel()
 	l, err := p.acquire(ctx, actx, p.newAttempt(key, ttl), opts.Timeout == tenace.NoWait)
 	if l == nil {
@@ -202,7 +204,7 @@ func (p *Provider) nextWait(holderTTL time.Duration) time.Duration {
 // try runs the acquire script once (go-redis may send it more than once).
 func (a *attempt) try(ctx context.Context) (*lease, time.Duration, error) {
 	start := time.Now() // before the send: the local expiry is never after Redis's
-	res, err := acquireScript.Run(ctx, a.p.client, []string{a.lockKey, a.fenceKey, a.voidKey}, a.token, a.ttlMS).Int64Slice()
+	res, err := acquireScript.Run(ctx, a.p.client, []string{a.lockKey, a.fenceKey, a.voidKey}, a.token, a.pxMS).Int64Slice()
 	if err != nil {
 		return nil, 0, err
 	}
@@ -211,7 +213,7 @@ func (a *attempt) try(ctx context.Context) (*lease, time.Duration, error) {
 	}
 	switch res[0] {
 	case 1:
-		return newLease(a, uint64(res[1]), start), 0, nil
+		return a.p.newLease(a, uint64(res[1]), start), 0, nil
 	case 0:
 		return nil, time.Duration(res[1]) * time.Millisecond, nil
 	default: // voided: only after Acquire returned, so never seen by a live one
@@ -241,8 +243,8 @@ func (a *attempt) outcome(ctx, actx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	if actx.Err() != nil {
-		return nil // the Timeout passed: not granted in time
+	if tenace.TimedOut(ctx, actx) {
+		return nil // not granted in time
 	}
 	return err
 }

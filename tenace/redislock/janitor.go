@@ -10,9 +10,10 @@ import (
 )
 
 // voidScript: KEYS[1] the lock, KEYS[2] the token's void marker; ARGV[1]
-// the token, ARGV[2] the release channel, ARGV[3] the TTL in ms.
+// the token, ARGV[2] the release channel, ARGV[3] the first expiry the
+// token's acquire script sets, in ms.
 //
-// It marks the token void for one TTL — so that an acquire script of that
+// It marks the token void for as long — so that an acquire script of that
 // token that reaches the server later (still queued in a socket, or a
 // go-redis retry) takes nothing — and deletes the lock if the token holds
 // it, waking its waiters. Marker first, then delete: the order does not
@@ -97,7 +98,7 @@ func (j *janitor) run() {
 		j.mu.Unlock()
 
 		ctx, cancel := context.WithTimeout(j.stop, voidCallTimeout)
-		err := voidScript.Run(ctx, j.p.client, []string{a.lockKey, a.voidKey}, a.token, a.channel, a.ttlMS).Err()
+		err := voidScript.Run(ctx, j.p.client, []string{a.lockKey, a.voidKey}, a.token, a.channel, a.pxMS).Err()
 		cancel()
 		if err == nil {
 			j.mu.Lock()

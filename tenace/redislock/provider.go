@@ -1,11 +1,13 @@
 package redislock
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -13,10 +15,11 @@ import (
 	"tenace.dev/tenace"
 )
 
-// ErrLeaseLost is returned by Release when the lock was no longer this
-// lease's: its TTL ran out (and perhaps another caller took it). The Lock
-// step ignores it, as it ignores every release failure.
-var ErrLeaseLost = errors.New("redislock: the lease was lost before Release (its TTL ran out); the lock was not touched")
+// ErrLeaseLost is tenace.ErrLeaseLost: a lease's Err wraps it once the
+// lease is lost, and Release wraps it when the lock was no longer this
+// lease's (lost, expired, or taken over); the Lock step ignores release
+// errors.
+var ErrLeaseLost = tenace.ErrLeaseLost
 
 // ErrContextTimeoutDisabled is returned by CheckClient for a client built
 // without ContextTimeoutEnabled: such a client ignores ctx deadlines while
@@ -26,30 +29,52 @@ var ErrContextTimeoutDisabled = errors.New("redislock: the go-redis client ignor
 
 // Defaults.
 const (
-	DefaultTTL           = 30 * time.Second
-	DefaultPrefix        = "tenace:lock:"
+	// DefaultTTL: no cap; a lease is held, renewed, until Release or until
+	// its holder stops renewing (it dies, or loses the server).
+	DefaultTTL = time.Duration(0)
+	// DefaultWindow is how long the server keeps a lease after its last
+	// renewal: a holder that dies frees the key within it.
+	DefaultWindow = 15 * time.Second
+	// DefaultPrefix namespaces the keys.
+	DefaultPrefix = "tenace:lock:"
+	// DefaultRetryInterval is a waiter's fallback retry, if a release
+	// message is lost.
 	DefaultRetryInterval = time.Second
 )
 
 // Provider is a tenace.LockProvider on Redis. It is safe for concurrent use;
-// create it with New and Close it when done. While callers wait it keeps one
-// Pub/Sub connection and one goroutine that reads it; while acquires whose
-// outcome is unknown are being undone, one goroutine more; when idle,
-// neither.
+// create it with New and Close it when done.
+//
+// Goroutines: while callers wait, one reads the shared Pub/Sub connection;
+// while acquires whose outcome is unknown are being undone, one runs the
+// voids; while a lease's renewal is on the wire, one per renewal (renewals
+// are timers, not goroutines, between calls). When idle, none.
 type Provider struct {
-	client redis.UniversalClient
-	prefix string
-	ttl    time.Duration
-	retry  time.Duration
-	logger *slog.Logger
-	subs   *subscriber // one Pub/Sub connection for every waiter, open while any waits
-	voids  *janitor    // undoes acquires whose outcome is unknown
+	client   redis.UniversalClient
+	prefix   string
+	ttl      time.Duration
+	window   time.Duration
+	interval time.Duration // renewal interval; 0 until New settles it
+	retry    time.Duration
+	logger   *slog.Logger
+	subs     *subscriber // one Pub/Sub connection for every waiter, open while any waits
+	voids    *janitor    // undoes acquires whose outcome is unknown
 
-	closeOnce sync.Once
-	closing   chan struct{} // closed by Close
+	stop context.Context // ends at Close: bounds background calls
+	halt context.CancelFunc
+	bg   sync.WaitGroup // renewal timers armed and renewal calls in flight
+	held atomic.Int64   // leases granted and not yet released or lost
+
+	mu      sync.Mutex // guards leases and closed; taken after a lease's mu, never before
+	leases  map[*lease]struct{}
+	closed  bool
+	closing chan struct{} // closed by Close
 }
 
-var _ tenace.LockProvider = (*Provider)(nil)
+var (
+	_ tenace.LockProvider  = (*Provider)(nil)
+	_ tenace.StatsProvider = (*Provider)(nil)
+)
 
 // Option configures New.
 type Option interface{ apply(*Provider) }
@@ -58,13 +83,39 @@ type optionFunc func(*Provider)
 
 func (f optionFunc) apply(p *Provider) { f(p) }
 
-// WithTTL sets the default TTL of a lock, used when the call gives none. It
-// panics if d is under a millisecond (Redis keeps TTLs in milliseconds).
+// WithTTL sets the default TTL of a lock — the longest it is held, renewals
+// included — used when the call gives none. Without it a lease has no cap
+// (DefaultTTL). It panics if d is under a millisecond (Redis keeps TTLs in
+// milliseconds).
 func WithTTL(d time.Duration) Option {
 	if d < time.Millisecond {
 		panic("tenace: redislock.WithTTL: the TTL must be at least 1ms")
 	}
 	return optionFunc(func(p *Provider) { p.ttl = d })
+}
+
+// WithWindow sets how long the server keeps a lease past its last renewal
+// (DefaultWindow): a holder that dies or loses the server frees the key
+// within one window, and a lease whose renewals fail is reported lost at
+// the end of the window it was last given. Shorter windows free the keys of
+// dead holders sooner and cost more renewals. It panics if d is under a
+// millisecond.
+func WithWindow(d time.Duration) Option {
+	if d < time.Millisecond {
+		panic("tenace: redislock.WithWindow: the window must be at least 1ms")
+	}
+	return optionFunc(func(p *Provider) { p.window = d })
+}
+
+// WithRenewInterval sets how often a held lease is renewed; by default a
+// third of the window, so that two renewals in a row can fail before the
+// lease is lost. New panics if it is not below the window; WithRenewInterval
+// panics if d is not positive.
+func WithRenewInterval(d time.Duration) Option {
+	if d <= 0 {
+		panic("tenace: redislock.WithRenewInterval: the interval must be positive")
+	}
+	return optionFunc(func(p *Provider) { p.interval = d })
 }
 
 // WithPrefix sets the namespace of the lock keys. It panics if prefix
@@ -103,12 +154,19 @@ func New(client redis.UniversalClient, opts ...Option) *Provider {
 		panic("tenace: redislock.New: nil client")
 	}
 	p := &Provider{
-		client: client, prefix: DefaultPrefix, ttl: DefaultTTL, retry: DefaultRetryInterval,
-		subs: newSubscriber(client), closing: make(chan struct{}),
+		client: client, prefix: DefaultPrefix, ttl: DefaultTTL, window: DefaultWindow, retry: DefaultRetryInterval,
+		subs: newSubscriber(client), closing: make(chan struct{}), leases: map[*lease]struct{}{},
 	}
 	for _, o := range opts {
 		o.apply(p)
 	}
+	if p.interval == 0 {
+		p.interval = p.window / 3
+	}
+	if p.interval >= p.window {
+		panic(fmt.Sprintf("tenace: redislock.New: the renewal interval (%v) must be below the window (%v)", p.interval, p.window))
+	}
+	p.stop, p.halt = context.WithCancel(context.Background())
 	p.voids = newJanitor(p)
 	if p.logger != nil {
 		if err := CheckClient(client); err != nil {
@@ -146,15 +204,31 @@ func CheckClient(client redis.UniversalClient) error {
 
 // Close stops the provider's background work and refuses later acquires
 // (their error wraps tenace.ErrProviderClosed); callers waiting in Acquire
-// return that error too. Acquires whose outcome was unknown and are not yet
-// undone are left to their TTL. Leases already granted stay valid and can
-// be released. Close waits for the provider's goroutines to end and is
-// idempotent; it returns nil.
+// return that error too. Leases held stop being renewed and are lost at
+// once (their Err says the provider was closed; a Lock ends its fn's
+// context); their keys stay held until Release, which still deletes them,
+// or for at most one window. Acquires whose outcome was unknown and are not
+// yet undone are left to their first window (or TTL). Close waits for the
+// provider's goroutines to end and is idempotent; it returns nil.
 func (p *Provider) Close() error {
-	p.closeOnce.Do(func() {
-		close(p.closing)
-		p.voids.close()
-	})
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	close(p.closing)
+	held := make([]*lease, 0, len(p.leases))
+	for l := range p.leases {
+		held = append(held, l)
+	}
+	p.mu.Unlock()
+	for _, l := range held {
+		l.lose(errProviderClosedLost)
+	}
+	p.halt()
+	p.voids.close()
+	p.bg.Wait()
 	return nil
 }
 
@@ -164,6 +238,18 @@ func (p *Provider) isClosed() bool {
 		return true
 	default:
 		return false
+	}
+}
+
+// Stats reports the leases held through this provider (granted, not yet
+// released nor lost), and the callers of this provider waiting in this
+// process (past their first try, subscribed to a release channel): all of
+// them, and the most for one key. Three atomic loads.
+func (p *Provider) Stats() tenace.LockStats {
+	return tenace.LockStats{
+		Held:         int(p.held.Load()),
+		Waiting:      int(p.subs.nWaiting.Load()),
+		LongestQueue: int(p.subs.nLongest.Load()),
 	}
 }
 

@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 	if addr := os.Getenv(helperEnv); addr != "" {
 		os.Exit(helperProcess(addr))
 	}
+	if addr := os.Getenv(holderEnv); addr != "" {
+		os.Exit(holderProcess(addr))
+	}
 	goleak.VerifyTestMain(m)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -39,6 +40,10 @@ type subscriber struct {
 	pending  map[string]int           // SUBSCRIBE replies still to come, by channel
 	waiters  int
 	stopped  chan struct{} // closed when the current receive goroutine exits
+
+	// Published for Stats (written under mu, read without it).
+	nWaiting atomic.Int64 // = waiters
+	nLongest atomic.Int64 // the most waiters of one channel
 }
 
 // subscription is one channel's waiters, oldest first.
@@ -102,6 +107,10 @@ func (s *subscriber) subscribe(ctx context.Context, channel string) (*wait, erro
 	w := &wait{channel: channel, sub: sub, wake: make(chan struct{}, 1)}
 	sub.waiters = append(sub.waiters, w)
 	s.waiters++
+	s.nWaiting.Store(int64(s.waiters))
+	if n := int64(len(sub.waiters)); n > s.nLongest.Load() {
+		s.nLongest.Store(n)
+	}
 	ps := s.ps
 	s.mu.Unlock()
 
@@ -146,6 +155,14 @@ func (s *subscriber) remove(w *wait, acquired bool) {
 		sub.wake()
 	}
 	s.waiters--
+	s.nWaiting.Store(int64(s.waiters))
+	if int64(len(sub.waiters)+1) == s.nLongest.Load() { // it may have been the longest
+		longest := 0
+		for _, other := range s.channels {
+			longest = max(longest, len(other.waiters))
+		}
+		s.nLongest.Store(int64(longest))
+	}
 	ps := s.ps
 	var stopped chan struct{}
 	lastOfChannel := len(sub.waiters) == 0
