@@ -71,13 +71,15 @@ type lease struct {
 	a     *attempt
 	fence uint64
 	cap   time.Time // when the TTL is reached; zero: no cap
+	keys  []string  // {the lock key}, for the scripts
+	token any       // the grant's token, boxed once for the scripts
 
 	mu     sync.Mutex
 	state  leaseState
 	expiry time.Time   // the last expiry the server was told, from before its send
 	final  bool        // expiry is the cap's: no renewal goes further
-	renewT *time.Timer // the next renewal, nil when none is armed
-	lossT  *time.Timer // fires at expiry, nil when not armed
+	renewT *time.Timer // the next renewal; nil if the lease was never to be renewed
+	lossT  *time.Timer // fires at expiry
 	unsure bool        // a release call failed: it may have deleted the key
 }
 
@@ -89,7 +91,7 @@ var (
 // newLease registers a grant whose script was sent at sent, and arms its
 // timers.
 func (p *Provider) newLease(a *attempt, fence uint64, sent time.Time) *lease {
-	l := &lease{a: a, fence: fence, state: stateHeld, expiry: sent.Add(time.Duration(a.pxMS) * time.Millisecond)}
+	l := &lease{a: a, fence: fence, keys: []string{a.lockKey}, token: a.token, state: stateHeld, expiry: sent.Add(time.Duration(a.pxMS) * time.Millisecond)}
 	if a.ttl > 0 {
 		l.cap = sent.Add(a.ttl)
 		l.final = !l.expiry.Before(l.cap)
@@ -112,11 +114,12 @@ func (p *Provider) newLease(a *attempt, fence uint64, sent time.Time) *lease {
 	return l
 }
 
-// arm schedules f after d, counted in the provider's bg group until f
-// returns or disarm stops it. With l.mu held, and either the provider's mu
-// held while it is not closed, or from a timer callback (which holds a
-// count itself), so that bg never goes from zero to one during Close's
-// Wait.
+// arm starts a timer that runs f after d, counted in the provider's bg
+// group until f returns or disarm stops it. rearm runs it again after d.
+// With l.mu held, and either the provider's mu held while it is not
+// closed, or from a timer callback (which holds a count itself), so that bg
+// never goes from zero to one during Close's Wait. Timers are made once per
+// lease and reset, so a renewal allocates no timer.
 func (l *lease) arm(d time.Duration, f func()) *time.Timer {
 	bg := &l.a.p.bg
 	bg.Add(1)
@@ -126,13 +129,19 @@ func (l *lease) arm(d time.Duration, f func()) *time.Timer {
 	})
 }
 
-// disarm stops *t and clears it; if that kept its callback from running,
-// it gives back the callback's count. With l.mu held.
-func (l *lease) disarm(t **time.Timer) {
-	if *t != nil && (*t).Stop() {
+// rearm: see arm; t is a timer from arm.
+func (l *lease) rearm(t *time.Timer, d time.Duration) {
+	if !t.Reset(d) { // it had fired or was stopped: a new count for the next run
+		l.a.p.bg.Add(1)
+	}
+}
+
+// disarm stops t; if that kept its callback from running, it gives back
+// the callback's count. With l.mu held.
+func (l *lease) disarm(t *time.Timer) {
+	if t != nil && t.Stop() {
 		l.a.p.bg.Done()
 	}
-	*t = nil
 }
 
 // renew runs when renewT fires: one renewal, then the next one armed, or a
@@ -141,7 +150,6 @@ func (l *lease) disarm(t **time.Timer) {
 func (l *lease) renew() {
 	p := l.a.p
 	l.mu.Lock()
-	l.renewT = nil // this timer fired
 	if l.state != stateHeld {
 		l.mu.Unlock()
 		return
@@ -161,7 +169,7 @@ func (l *lease) renew() {
 	l.mu.Unlock()
 
 	ctx, cancel := context.WithDeadline(p.stop, deadline)
-	n, err := renewScript.Run(ctx, p.client, []string{l.a.lockKey}, l.a.token, px.Milliseconds()).Int()
+	n, err := renewScript.Run(ctx, p.client, l.keys, l.token, px.Milliseconds()).Int()
 	cancel()
 
 	l.mu.Lock()
@@ -174,18 +182,17 @@ func (l *lease) renew() {
 		// Try again soon, while the window lasts; if none gets through,
 		// lossT reports the loss at expiry.
 		if retry := max(p.interval/4, time.Millisecond); time.Now().Add(retry).Before(l.expiry) {
-			l.renewT = l.arm(retry, l.renew)
+			l.rearm(l.renewT, retry)
 		}
 	case n == 0:
 		l.loseLocked(fmt.Errorf("%w: redislock: a renewal found %q no longer held by this lease (it expired, was deleted, or was taken by another holder)", tenace.ErrLeaseLost, l.a.key))
 	default:
 		if e := sent.Add(px); e.After(l.expiry) {
 			l.expiry, l.final = e, final
-			l.disarm(&l.lossT)
-			l.lossT = l.arm(time.Until(e), l.expire)
+			l.rearm(l.lossT, time.Until(e))
 		}
 		if !l.final {
-			l.renewT = l.arm(p.interval, l.renew)
+			l.rearm(l.renewT, p.interval)
 		}
 	}
 }
@@ -224,8 +231,8 @@ func (l *lease) loseLocked(err error) {
 // stopLocked disarms the timers and takes the lease off the provider's
 // books. With l.mu held, once, as the lease leaves stateHeld.
 func (l *lease) stopLocked() {
-	l.disarm(&l.renewT)
-	l.disarm(&l.lossT)
+	l.disarm(l.renewT)
+	l.disarm(l.lossT)
 	p := l.a.p
 	p.mu.Lock()
 	if _, ok := p.leases[l]; ok {
@@ -259,11 +266,11 @@ func (l *lease) Release(ctx context.Context) error {
 	case stateLost:
 		// Best effort: the key may still be this grant's (the provider was
 		// closed, or the last renewal's reply was lost).
-		_ = releaseScript.Run(ctx, a.p.client, []string{a.lockKey}, a.token, a.channel).Err()
+		_ = releaseScript.Run(ctx, a.p.client, l.keys, l.token, a.channel).Err()
 		l.state = stateDone
 		return fmt.Errorf("redislock: releasing %q: %w", a.key, l.Err())
 	}
-	n, err := releaseScript.Run(ctx, a.p.client, []string{a.lockKey}, a.token, a.channel).Int()
+	n, err := releaseScript.Run(ctx, a.p.client, l.keys, l.token, a.channel).Int()
 	if err != nil {
 		l.unsure = true
 		if ctx.Err() != nil {
