@@ -221,6 +221,10 @@ func (a *attempt) try(ctx context.Context) (*lease, time.Duration, error) {
 	}
 }
 
+// outcomeWait bounds how long outcome waits for a context whose deadline
+// has passed to report its end: its timer fires within microseconds.
+const outcomeWait = 20 * time.Millisecond
+
 // failed handles a try that returned err: the script may have run, or may
 // yet run, so the token is voided in the background; then it reports.
 func (a *attempt) failed(ctx, actx context.Context, err error) error {
@@ -235,10 +239,16 @@ func (a *attempt) failed(ctx, actx context.Context, err error) error {
 // clocks (a timer, the network poller), so a call can fail with an i/o
 // timeout a moment before ctx reports its end. Once the deadline has passed
 // the context ends within moments: wait for it, so that the caller sees
-// ctx's error, not an i/o error.
+// ctx's error, not an i/o error. (The wait is bounded: with a Clock other
+// than the system's, the deadline is on that clock.)
 func (a *attempt) outcome(ctx, actx context.Context, err error) error {
-	if d, ok := actx.Deadline(); ok && !time.Now().Before(d) {
-		<-actx.Done()
+	if d, ok := actx.Deadline(); ok && !time.Now().Before(d) && actx.Err() == nil {
+		t := time.NewTimer(outcomeWait)
+		select {
+		case <-actx.Done():
+		case <-t.C:
+		}
+		t.Stop()
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()

@@ -162,8 +162,11 @@ func (l *lease) renew() {
 		}
 	}
 	if px < time.Millisecond {
+		// The cap is less than a millisecond away: the expiry last told is
+		// the last one, and lossT reports the cap at it.
+		l.final = true
 		l.mu.Unlock()
-		return // the cap is less than a millisecond away: lossT reports it
+		return
 	}
 	deadline := l.expiry // past it the lease is lost anyway
 	l.mu.Unlock()
