@@ -43,3 +43,36 @@ func ExampleCheckClient() {
 		// build the client with ContextTimeoutEnabled: true
 	}
 }
+
+// Without a pipeline: hold a lock while long work runs, renewed in the
+// background, and stop when it is lost. A holder that dies frees the key
+// within one window (here 10s); the TTL caps the hold at an hour. (Not run:
+// it needs a Redis server on localhost:6379.)
+func ExampleProvider_Acquire() {
+	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
+	defer client.Close()
+	locks := redislock.New(client, redislock.WithWindow(10*time.Second))
+	defer locks.Close()
+
+	ctx := context.Background()
+	l, err := locks.Acquire(ctx, "nightly-import", tenace.LockAcquireOptions{Timeout: time.Minute, TTL: time.Hour})
+	if err != nil || l == nil {
+		return // Redis failed, or another holder kept it for a minute
+	}
+	defer l.Release(context.WithoutCancel(ctx))
+	lost := l.(tenace.LosableLease)
+	work, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	results := make(chan error, 1)
+	go func() { results <- longImport(work) }()
+	select {
+	case <-lost.Lost():
+		// lost.Err() wraps tenace.ErrLeaseLost (tenace.ErrLeaseExpired at
+		// the TTL): the lock may be someone else's, so stop and do not commit.
+		cancel(lost.Err())
+		<-results
+	case <-results:
+	}
+}
+
+func longImport(context.Context) error { return nil }
