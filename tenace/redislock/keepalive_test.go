@@ -283,3 +283,20 @@ func TestCloseLosesHeldLeases(t *testing.T) {
 	require.ErrorIs(t, err, tenace.ErrProviderClosed)
 	require.NoError(t, p.Close(), "idempotent")
 }
+
+// Close fails the callers waiting in Acquire with ErrProviderClosed.
+func TestCloseFailsTheWaiters(t *testing.T) {
+	_, c := setup(t)
+	holder := newProvider(t, c)
+	held := mustAcquire(t, holder, "w", tenace.LockAcquireOptions{})
+	p := redislock.New(c, redislock.WithRetryInterval(time.Hour))
+	r := acquireAsync(bg, p, "w", tenace.LockAcquireOptions{})
+	for p.Stats().Waiting < 1 {
+		time.Sleep(time.Millisecond) // until it waits (subscribed)
+	}
+	require.NoError(t, p.Close())
+	got := <-r
+	require.ErrorIs(t, got.err, tenace.ErrProviderClosed)
+	require.Nil(t, got.lease)
+	require.NoError(t, held.Release(bg))
+}
