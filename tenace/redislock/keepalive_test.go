@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -121,7 +122,8 @@ func holderProcess(addr string) int {
 		return 1
 	}
 	fmt.Println("held")
-	select {} // until SIGKILL
+	_, _ = io.Copy(io.Discard, os.Stdin) // until SIGKILL (or the test's end closes stdin)
+	return 0
 }
 
 // A holder killed with SIGKILL frees the key within one window, though its
@@ -131,9 +133,12 @@ func TestAKilledHolderFreesTheKeyWithinOneWindow(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), holderEnv+"="+srv.Addr)
 	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe() // closed when the test ends: the holder then exits, if still alive
+	require.NoError(t, err)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = stdin.Close(); _ = cmd.Process.Kill() })
 	line, err := bufio.NewReader(out).ReadString('\n')
 	require.NoError(t, err)
 	require.Equal(t, "held\n", line)
