@@ -17,11 +17,11 @@
 // Acquire draws a random token (128 bits from crypto/rand) for the call and
 // runs one Lua script, as often as it tries: if the key holds this token
 // already (an earlier run whose reply was lost), it is granted; if another
-// token holds it, not; if it is free, SET key token PX window and a new fencing
-// token, max(the key's counter + 1, the server's TIME in µs), stored as the
-// counter. A caller that must wait subscribes to the key's release channel
-// first, then tries again, so no release is missed between the two; each
-// release publishes on that channel, which wakes the provider's oldest
+// token holds it, not; if it is free, SET key token PX min(window, TTL) and
+// a new fencing token, max(the key's counter + 1, the server's TIME in µs),
+// stored as the counter. A caller that must wait subscribes to the key's
+// release channel first, then tries again, so no release is missed between
+// the two; each release publishes on that channel, which wakes the provider's oldest
 // waiter of the key to try again at once (one release, one lock: waking
 // them all would only make the rest lose). All waiters of a Provider share
 // one Pub/Sub connection, open while anyone waits; a channel's SUBSCRIBE and
@@ -42,7 +42,7 @@
 // frees the key within one window, whatever its TTL. The TTL keeps its
 // meaning, the longest time the lock is held: renewals stop at it and the
 // lease is lost with tenace.ErrLeaseExpired. Without a TTL (the default) a
-// lease is held until Release.
+// lease is held until Release, or until it is lost.
 //
 // Leases are tenace.LosableLease: Lost is closed, and Err says why (an
 // error wrapping tenace.ErrLeaseLost), when a renewal finds the key gone or
