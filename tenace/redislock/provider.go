@@ -209,7 +209,9 @@ func CheckClient(client redis.UniversalClient) error {
 // context); their keys stay held until Release, which still deletes them,
 // or for at most one window. Acquires whose outcome was unknown and are not
 // yet undone are left to their first window (or TTL). Close waits for the
-// provider's goroutines to end and is idempotent; it returns nil.
+// provider's goroutines to end — a renewal or void call in flight is cut
+// short through its context, which a client without ContextTimeoutEnabled
+// ignores until its ReadTimeout — and is idempotent; it returns nil.
 func (p *Provider) Close() error {
 	p.mu.Lock()
 	if p.closed {
