@@ -374,3 +374,58 @@ func TestAFailedReleaseCanBeRetried(t *testing.T) {
 	require.NoError(t, l.Release(bg), "a released lease's Release does nothing")
 
 }
+
+// Defect 5, the sharpest case: a waiter arrives just as the only other
+// waiter of its key leaves (so the channel goes from subscribed to
+// unsubscribed to subscribed), with a waiter of another key keeping the
+// shared connection open, or without (so the connection closes and
+// reopens). The one leaving has a deadline of 50–250 µs, so its SUBSCRIBE
+// can time out too. Each round the newcomer must be granted on the release
+// message (fallback retry 1 h). This caught two faults of the first fix:
+// expected SUBSCRIBE replies counted across a closed connection (about a
+// third of the rounds stuck, without the other key's waiter), and a
+// waiter's deadline on the SUBSCRIBE write, which makes go-redis close the
+// connection every waiter shares (8 rounds in 3,000 stuck, with it).
+func TestAWaiterArrivingAsAnotherLeavesHearsTheRelease(t *testing.T) {
+	for _, anchored := range []bool{true, false} {
+		t.Run(fmt.Sprintf("another key waited for: %v", anchored), func(t *testing.T) {
+			_, c := setup(t)
+			holder := newProvider(t, c)
+			p := newProvider(t, newClient(t, c.Options().Addr), redislock.WithRetryInterval(time.Hour))
+			if anchored {
+				anchorHeld := mustAcquire(t, holder, "anchor", tenace.LockAcquireOptions{TTL: time.Hour})
+				actx, acancel := context.WithCancel(bg)
+				anchor := acquireAsync(actx, p, "anchor", tenace.LockAcquireOptions{})
+				defer func() { acancel(); <-anchor; _ = anchorHeld.Release(bg) }()
+			}
+			const rounds = 600
+			var total, worst time.Duration
+			for round := range rounds {
+				held := mustAcquire(t, holder, "k", tenace.LockAcquireOptions{TTL: time.Hour})
+				left := make(chan struct{})
+				go func() {
+					_, _ = p.Acquire(bg, "k", tenace.LockAcquireOptions{Timeout: time.Duration(50+rand.N(200)) * time.Microsecond})
+					close(left)
+				}()
+				// A random arrival around the other's departure (a busy wait:
+				// a sleep would be far coarser than the race).
+				for until := time.Now().Add(time.Duration(rand.N(400)) * time.Microsecond); time.Now().Before(until); {
+				}
+				ctx, cancel := context.WithTimeout(bg, 2*time.Second)
+				r := acquireAsync(ctx, p, "k", tenace.LockAcquireOptions{})
+				<-left
+				start := time.Now()
+				require.NoError(t, held.Release(bg))
+				got := <-r
+				cancel()
+				require.NoError(t, got.err, "round %d: the newcomer missed the release message", round)
+				require.NotNil(t, got.lease)
+				d := time.Since(start)
+				total += d
+				worst = max(worst, d)
+				require.NoError(t, got.lease.Release(bg))
+			}
+			t.Logf("newcomer as the other leaves: release to grant, mean %v, worst %v over %d rounds (fallback retry 1 h)", (total / rounds).Round(time.Microsecond), worst.Round(time.Microsecond), rounds)
+		})
+	}
+}

@@ -93,6 +93,8 @@ func (s *subscriber) subscribe(ctx context.Context, channel string) (*wait, erro
 	defer s.send.Unlock()
 	s.mu.Lock()
 	if s.ps == nil {
+		// A new connection: no reply of the old one will come.
+		clear(s.pending)
 		s.ps = s.client.Subscribe(context.WithoutCancel(ctx)) // connects on first SUBSCRIBE
 		s.stopped = make(chan struct{})
 		go s.receive(s.ps, s.stopped)
@@ -115,7 +117,12 @@ func (s *subscriber) subscribe(ctx context.Context, channel string) (*wait, erro
 	s.mu.Unlock()
 
 	if first {
-		if err := ps.Subscribe(ctx, channel); err != nil {
+		// Without ctx's deadline: go-redis closes and redials a Pub/Sub
+		// connection whose write timed out, so one waiter's short deadline
+		// would break the connection every waiter shares (and lose the
+		// messages in flight). The write itself is a few bytes into a
+		// socket buffer; only a (re)connect waits on the server.
+		if err := ps.Subscribe(context.WithoutCancel(ctx), channel); err != nil {
 			s.mu.Lock()
 			if s.pending[channel]--; s.pending[channel] <= 0 { // most likely never sent: expect no reply
 				delete(s.pending, channel)
