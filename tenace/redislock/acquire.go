@@ -102,6 +102,10 @@ func validate(key string, opts tenace.LockAcquireOptions) error {
 // opts.Timeout bounds the whole call, Redis calls included: each call gets
 // a context that ends at the timeout (and at ctx's end), which go-redis
 // honours only on a client with ContextTimeoutEnabled (see CheckClient).
+// One exception: the SUBSCRIBE on the Pub/Sub connection all waiters share
+// is sent without the deadline (a timed-out write would make go-redis close
+// that connection); it waits on the server only while that connection is
+// being opened, for at most the client's dial and read timeouts.
 //
 // Invalid input: an empty key (an error wrapping tenace.ErrMissingKey), a
 // negative Timeout other than NoWait, a negative TTL or one under a

@@ -113,8 +113,9 @@
 //     closed first, such a key can stay held for its first window (or its
 //     TTL, if shorter).
 //   - Timeout and ctx bound Acquire, Redis calls included, on a client with
-//     ContextTimeoutEnabled; a ctx that ends during a call returns ctx's
-//     error, never the i/o error it caused.
+//     ContextTimeoutEnabled — except while the shared Pub/Sub connection is
+//     being opened (see Provider.Acquire); a ctx that ends during a call
+//     returns ctx's error, never the i/o error it caused.
 //   - Release deletes the key only if it holds this grant's token; after a
 //     loss it returns an error wrapping ErrLeaseLost and never touches
 //     another holder's lock. A Release that failed can be called again; once one
