@@ -54,7 +54,7 @@ func (t *tenaceRedis) Do(ctx context.Context, key string, fn func(context.Contex
 	return l.Release(ctx)
 }
 func (t *tenaceRedis) TakesContext() bool { return true }
-func (t *tenaceRedis) Close()             {}
+func (t *tenaceRedis) Close()             { _ = t.p.Close() }
 
 type redsyncLocker struct{ rs *redsync.Redsync }
 

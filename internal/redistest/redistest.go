@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -219,7 +220,9 @@ func (s *Server) Kill() {
 	s.cmd = nil
 }
 
-// Restart starts the server again on the same port (after Kill), empty.
+// Restart kills the server and starts it again on the same port, empty:
+// the server keeps no data (no RDB, no AOF), as a cache node restarted
+// after a crash.
 func (s *Server) Restart() {
 	s.tb.Helper()
 	s.Kill()
@@ -230,6 +233,28 @@ func (s *Server) Restart() {
 	if err := s.start(bin); err != nil {
 		s.tb.Fatal(err)
 	}
+}
+
+// Pause stalls the server with SIGSTOP, as a long GC pause, a swapped-out
+// process or a stalled VM would: connections stay open, commands queue
+// unanswered in the socket buffers, and the server runs them once resumed.
+// Resume undoes it; the test's cleanup resumes a paused server before
+// stopping it.
+func (s *Server) Pause() {
+	s.tb.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		s.tb.Fatalf("redistest: SIGSTOP: %v", err)
+	}
+	s.tb.Cleanup(s.Resume)
+}
+
+// Resume lets a paused server run again (SIGCONT); it does nothing to a
+// running or stopped one.
+func (s *Server) Resume() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGCONT)
 }
 
 // Stop stops the server; it is idempotent.

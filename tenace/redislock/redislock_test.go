@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"sync"
@@ -23,6 +25,9 @@ import (
 func TestMain(m *testing.M) {
 	if addr := os.Getenv(helperEnv); addr != "" {
 		os.Exit(helperProcess(addr))
+	}
+	if addr := os.Getenv(holderEnv); addr != "" {
+		os.Exit(holderProcess(addr))
 	}
 	goleak.VerifyTestMain(m)
 }
@@ -65,14 +70,15 @@ func acquireAsync(ctx context.Context, p tenace.LockProvider, key string, opts t
 }
 
 // countingHook counts the acquire-script runs (EVALSHA, and EVAL when the
-// script is not cached yet) that go through a client.
+// script is not cached yet) that go through a client: the one script with
+// three keys.
 type countingHook struct{ acquires atomic.Int64 }
 
 func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if n := cmd.Name(); n == "evalsha" || n == "eval" {
-			if args := cmd.Args(); len(args) > 3 && fmt.Sprint(args[2]) == "2" { // two keys: the acquire script
+			if args := cmd.Args(); len(args) > 3 && fmt.Sprint(args[2]) == "3" { // three keys: the acquire script
 				h.acquires.Add(1)
 			}
 		}
@@ -102,7 +108,7 @@ func waitSubscribed(t *testing.T, c redis.UniversalClient, key string, n int64) 
 
 func TestMutualExclusionAmongGoroutines(t *testing.T) {
 	_, c := setup(t)
-	p := redislock.New(c, redislock.WithRetryInterval(50*time.Millisecond))
+	p := newProvider(t, c, redislock.WithRetryInterval(50*time.Millisecond))
 	counter := 0 // a plain variable: -race and the total catch a second holder
 	var wg sync.WaitGroup
 	for range 8 {
@@ -123,7 +129,7 @@ func TestMutualExclusionAmongIndependentClients(t *testing.T) {
 	var inside, maxInside atomic.Int32
 	var wg sync.WaitGroup
 	for range 4 {
-		p := redislock.New(newClient(t, srv.Addr), redislock.WithRetryInterval(50*time.Millisecond))
+		p := newProvider(t, newClient(t, srv.Addr), redislock.WithRetryInterval(50*time.Millisecond))
 		wg.Go(func() {
 			for range 20 {
 				l := mustAcquire(t, p, "k", tenace.LockAcquireOptions{})
@@ -199,7 +205,7 @@ func TestMutualExclusionAcrossThreeProcesses(t *testing.T) {
 
 func TestTimeoutReturnsNilNil(t *testing.T) {
 	_, c := setup(t)
-	p := redislock.New(c)
+	p := newProvider(t, c)
 	held := mustAcquire(t, p, "k", tenace.LockAcquireOptions{})
 	start := time.Now()
 	l, err := p.Acquire(bg, "k", tenace.LockAcquireOptions{Timeout: 100 * time.Millisecond})
@@ -213,7 +219,7 @@ func TestNoWaitTriesOnce(t *testing.T) {
 	_, c := setup(t)
 	h := &countingHook{}
 	c.AddHook(h)
-	p := redislock.New(c)
+	p := newProvider(t, c)
 	held := mustAcquire(t, p, "k", tenace.LockAcquireOptions{})
 	before := h.acquires.Load()
 	l, err := p.Acquire(bg, "k", tenace.LockAcquireOptions{Timeout: tenace.NoWait})
@@ -225,7 +231,7 @@ func TestNoWaitTriesOnce(t *testing.T) {
 
 func TestCtxCancelWhileWaiting(t *testing.T) {
 	_, c := setup(t)
-	p := redislock.New(c, redislock.WithRetryInterval(time.Hour))
+	p := newProvider(t, c, redislock.WithRetryInterval(time.Hour))
 	held := mustAcquire(t, p, "k", tenace.LockAcquireOptions{})
 	ctx, cancel := context.WithCancel(bg)
 	r := acquireAsync(ctx, p, "k", tenace.LockAcquireOptions{})
@@ -243,7 +249,7 @@ func TestCtxCancelWhileWaiting(t *testing.T) {
 // the waiter.
 func TestWaiterWakesOnTheReleaseMessage(t *testing.T) {
 	_, c := setup(t)
-	p := redislock.New(c, redislock.WithRetryInterval(time.Hour))
+	p := newProvider(t, c, redislock.WithRetryInterval(time.Hour))
 	held := mustAcquire(t, p, "k", tenace.LockAcquireOptions{TTL: time.Hour})
 	r := acquireAsync(bg, p, "k", tenace.LockAcquireOptions{})
 	waitSubscribed(t, c, "k", 1)
@@ -259,8 +265,8 @@ func TestNoPollingStormWhileTheHolderHolds(t *testing.T) {
 	hc := newClient(t, c.Options().Addr)
 	h := &countingHook{}
 	hc.AddHook(h)
-	holder := redislock.New(c)
-	waiter := redislock.New(hc, redislock.WithRetryInterval(200*time.Millisecond))
+	holder := newProvider(t, c)
+	waiter := newProvider(t, hc, redislock.WithRetryInterval(200*time.Millisecond))
 	held := mustAcquire(t, holder, "k", tenace.LockAcquireOptions{TTL: time.Hour})
 	r := acquireAsync(bg, waiter, "k", tenace.LockAcquireOptions{})
 	waitSubscribed(t, c, "k", 1)
@@ -281,7 +287,7 @@ func TestNoPollingStormWhileTheHolderHolds(t *testing.T) {
 
 func TestTTLExpiryLetsTheNextAcquirerIn(t *testing.T) {
 	_, c := setup(t)
-	p := redislock.New(c, redislock.WithRetryInterval(time.Hour))
+	p := newProvider(t, c, redislock.WithRetryInterval(time.Hour))
 	_ = mustAcquire(t, p, "k", tenace.LockAcquireOptions{TTL: 200 * time.Millisecond}) // never released
 	// The waiter hears no release; it retries when the holder's TTL runs out.
 	l := mustAcquire(t, p, "k", tenace.LockAcquireOptions{Timeout: 10 * time.Second})
@@ -290,7 +296,7 @@ func TestTTLExpiryLetsTheNextAcquirerIn(t *testing.T) {
 
 func TestAStaleLeasesReleaseDoesNotFreeTheNewHolder(t *testing.T) {
 	_, c := setup(t)
-	p := redislock.New(c, redislock.WithRetryInterval(time.Hour))
+	p := newProvider(t, c, redislock.WithRetryInterval(time.Hour))
 	stale := mustAcquire(t, p, "k", tenace.LockAcquireOptions{TTL: 100 * time.Millisecond})
 	fresh := mustAcquire(t, p, "k", tenace.LockAcquireOptions{Timeout: 10 * time.Second})
 	require.ErrorIs(t, stale.Release(bg), redislock.ErrLeaseLost)
@@ -307,8 +313,8 @@ func TestAStaleLeasesReleaseDoesNotFreeTheNewHolder(t *testing.T) {
 
 func TestFencingTokensStrictlyIncreaseAcrossClients(t *testing.T) {
 	srv, _ := setup(t)
-	a := redislock.New(newClient(t, srv.Addr))
-	b := redislock.New(newClient(t, srv.Addr))
+	a := newProvider(t, newClient(t, srv.Addr))
+	b := newProvider(t, newClient(t, srv.Addr))
 	var last uint64
 	for i := range 20 {
 		p := a
@@ -325,7 +331,7 @@ func TestFencingTokensStrictlyIncreaseAcrossClients(t *testing.T) {
 
 func TestFnsContextEndsWhenTheLeaseExpires(t *testing.T) {
 	_, c := setup(t)
-	p := redislock.New(c)
+	p := newProvider(t, c)
 	start := time.Now()
 	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k", TTL: 200 * time.Millisecond}).
 		Execute(bg, func(ctx context.Context) error {
@@ -340,7 +346,7 @@ func TestFnsContextEndsWhenTheLeaseExpires(t *testing.T) {
 
 func TestRedisKilledWhileALeaseIsHeldAndAWaiterWaits(t *testing.T) {
 	srv, c := setup(t)
-	p := redislock.New(c, redislock.WithRetryInterval(50*time.Millisecond))
+	p := newProvider(t, c, redislock.WithRetryInterval(50*time.Millisecond))
 	held := mustAcquire(t, p, "k", tenace.LockAcquireOptions{})
 	r := acquireAsync(bg, p, "k", tenace.LockAcquireOptions{})
 	waitSubscribed(t, c, "k", 1)
@@ -355,7 +361,7 @@ func TestRedisKilledWhileALeaseIsHeldAndAWaiterWaits(t *testing.T) {
 
 func TestRedisRestartedTheProviderWorksAgain(t *testing.T) {
 	srv, c := setup(t)
-	p := redislock.New(c)
+	p := newProvider(t, c)
 	l := mustAcquire(t, p, "k", tenace.LockAcquireOptions{})
 	require.NoError(t, l.Release(bg))
 	srv.Restart()
@@ -365,7 +371,7 @@ func TestRedisRestartedTheProviderWorksAgain(t *testing.T) {
 
 func TestPolicyEndToEnd(t *testing.T) {
 	srv, c := setup(t)
-	p := redislock.New(c)
+	p := newProvider(t, c)
 	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "reports", Timeout: tenace.NoWait})
 	var rec []string
 	pol = pol.OnEvent(func(e tenace.Event) { rec = append(rec, e.Name) })
@@ -389,7 +395,7 @@ func TestPolicyEndToEnd(t *testing.T) {
 
 func TestBadInput(t *testing.T) {
 	_, c := setup(t)
-	p := redislock.New(c)
+	p := newProvider(t, c)
 	_, err := p.Acquire(bg, "", tenace.LockAcquireOptions{})
 	require.ErrorIs(t, err, tenace.ErrMissingKey)
 	_, err = p.Acquire(bg, "k", tenace.LockAcquireOptions{Timeout: -2})
@@ -409,7 +415,7 @@ func TestOnAClusterClient(t *testing.T) {
 	srv := redistest.StartCluster(t)
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.Addr}})
 	t.Cleanup(func() { _ = c.Close() })
-	p := redislock.New(c, redislock.WithRetryInterval(time.Hour))
+	p := newProvider(t, c, redislock.WithRetryInterval(time.Hour))
 	held := mustAcquire(t, p, "orders/42", tenace.LockAcquireOptions{})
 	r := acquireAsync(bg, p, "orders/42", tenace.LockAcquireOptions{})
 	waitSubscribed(t, c, "orders/42", 1)
@@ -432,7 +438,7 @@ func TestOnAFailoverClient(t *testing.T) {
 	u := redis.NewUniversalClient(&redis.UniversalOptions{MasterName: redistest.MasterName, Addrs: []string{sentinel.Addr}})
 	t.Cleanup(func() { _ = u.Close() })
 	for _, c := range []redis.UniversalClient{f, u} {
-		p := redislock.New(c, redislock.WithRetryInterval(time.Hour))
+		p := newProvider(t, c, redislock.WithRetryInterval(time.Hour))
 		held := mustAcquire(t, p, "k", tenace.LockAcquireOptions{})
 		r := acquireAsync(bg, p, "k", tenace.LockAcquireOptions{})
 		waitSubscribed(t, newClient(t, primary.Addr), "k", 1)
@@ -453,8 +459,8 @@ func TestAReleaseWakesOneWaiterInArrivalOrder(t *testing.T) {
 	wc := newClient(t, c.Options().Addr)
 	h := &countingHook{}
 	wc.AddHook(h)
-	holder := redislock.New(c)
-	p := redislock.New(wc, redislock.WithRetryInterval(time.Hour))
+	holder := newProvider(t, c)
+	p := newProvider(t, wc, redislock.WithRetryInterval(time.Hour))
 	held := mustAcquire(t, holder, "k", tenace.LockAcquireOptions{})
 	const waiters = 5
 	order := make(chan int, waiters)
@@ -486,3 +492,14 @@ func TestAReleaseWakesOneWaiterInArrivalOrder(t *testing.T) {
 	require.Equal(t, []int{0, 1, 2, 3, 4}, got, "arrival order within the process")
 	require.Equal(t, int64(waiters), h.acquires.Load()-before, "one try per hand-off")
 }
+
+// newProvider returns a provider on c, closed when the test ends (before
+// the client: cleanups run last-registered first).
+func newProvider(t *testing.T, c redis.UniversalClient, opts ...redislock.Option) *redislock.Provider {
+	t.Helper()
+	p := redislock.New(c, opts...)
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+func newTextLogger(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }

@@ -1,0 +1,264 @@
+package redislock
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"tenace.dev/tenace"
+)
+
+// acquireScript: KEYS[1] the lock, KEYS[2] its fencing counter, KEYS[3]
+// the void marker of this token; ARGV[1] the token, ARGV[2] the TTL in ms.
+//
+// Returns {1, fence} when the key is this token's: granted now, or by an
+// earlier run of the same acquire whose reply was lost (go-redis retries a
+// command whose reply timed out, so a run must be idempotent for its
+// token). Returns {0, the holder's PTTL} when another token holds the key,
+// and {-1, 0} when this token was voided (see janitor): an acquire given up
+// for unknown must never take the key afterwards.
+//
+// The fencing token is max(counter + 1, the server's TIME in µs): strictly
+// above every earlier token of the key while the counter lives, and, after
+// a restart that lost the counter, above every token handed out before,
+// unless the server's clock went back (the counter runs ahead of the clock
+// only while a key is granted more than once a µs).
+// Lua numbers are doubles, exact below 2^53 (µs since 1970 are about 2^51),
+// and formatted with %.0f, since tostring would round to 14 digits.
+var acquireScript = redis.NewScript(`
+redis.replicate_commands()
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+	return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
+end
+if holder then
+	return {0, redis.call('PTTL', KEYS[1])}
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+	return {-1, 0}
+end
+local t = redis.call('TIME')
+local fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+if last >= fence then
+	fence = last + 1
+end
+redis.call('SET', KEYS[2], string.format('%.0f', fence))
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {1, fence}
+`)
+
+// attempt is one Acquire call: every try of it sends the same token, so
+// that a try whose reply was lost and the next one agree, and so that the
+// janitor can undo them all at once.
+type attempt struct {
+	p                               *Provider
+	key, lockKey, fenceKey, channel string
+	token, voidKey                  string
+	pxMS                            int64         // the first expiry Redis is told, whole ms: min(window, TTL)
+	ttl                             time.Duration // the cap, whole ms; 0: none
+}
+
+func (p *Provider) newAttempt(key string, ttl time.Duration) *attempt {
+	var raw [16]byte
+	_, _ = rand.Read(raw[:]) // never fails on supported platforms (crypto/rand panics if it does)
+	a := &attempt{p: p, key: key, token: hex.EncodeToString(raw[:])}
+	a.lockKey, a.fenceKey, a.channel = p.names(key)
+	a.voidKey = voidKey(a.lockKey, a.token)
+	// Whole milliseconds, rounded down: the lease never promises more than
+	// the server keeps.
+	a.ttl = ttl.Truncate(time.Millisecond)
+	px := p.window
+	if a.ttl > 0 && a.ttl < px {
+		px = a.ttl
+	}
+	a.pxMS = px.Milliseconds()
+	return a
+}
+
+// validate checks what Acquire is given: the kit's checks, and Redis's
+// resolution of a millisecond.
+func validate(key string, opts tenace.LockAcquireOptions) error {
+	if err := tenace.ValidateAcquire(key, opts); err != nil {
+		return err
+	}
+	if opts.TTL > 0 && opts.TTL < time.Millisecond {
+		return fmt.Errorf("%w: LockAcquireOptions.TTL is %v; Redis keeps TTLs in whole milliseconds: use 1ms or more, or 0 for the provider's default", tenace.ErrInvalidOption, opts.TTL)
+	}
+	return nil
+}
+
+// Acquire waits for key and returns its lease: a lease when granted; (nil,
+// nil) when not granted within opts.Timeout (at once with NoWait); (nil,
+// ctx's error) when ctx ends first, also when it ends during a Redis call;
+// (nil, err) when Redis fails, at once.
+//
+// opts.Timeout bounds the whole call, Redis calls included: each call gets
+// a context that ends at the timeout (and at ctx's end), which go-redis
+// honours only on a client with ContextTimeoutEnabled (see CheckClient).
+// One exception: the SUBSCRIBE on the Pub/Sub connection all waiters share
+// is sent without the deadline (a timed-out write would make go-redis close
+// that connection); it waits on the server only while that connection is
+// being opened, for at most the client's dial and read timeouts.
+//
+// Invalid input: an empty key (an error wrapping tenace.ErrMissingKey), a
+// negative Timeout other than NoWait, a negative TTL or one under a
+// millisecond (tenace.ErrInvalidOption). On a closed provider, an error
+// wrapping tenace.ErrProviderClosed.
+//
+// When Acquire returns no lease after a Redis call whose outcome is unknown
+// (an error or a deadline after the script was sent), the script may yet
+// run, or may have run, and take the key. Acquire then voids its token in
+// the background (see Close): once the server answers, the key is freed if
+// the script took it, and the script cannot take it later. Until then, the
+// key may be held by nobody; at worst, with the server unreachable until
+// the provider is closed, for its TTL.
+func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
+	if err := validate(key, opts); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if p.isClosed() {
+		return nil, errClosed
+	}
+	ttl := opts.TTL
+	if ttl == 0 {
+		ttl = p.ttl
+	}
+	actx, cancel := tenace.AcquireContext(ctx, opts)
+	defer cancel()
+	l, err := p.acquire(ctx, actx, p.newAttempt(key, ttl), opts.Timeout == tenace.NoWait)
+	if l == nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// acquire: ctx is the caller's, actx ends with it or at the Timeout.
+func (p *Provider) acquire(ctx, actx context.Context, a *attempt, noWait bool) (*lease, error) {
+	l, holderTTL, err := a.try(actx)
+	if err != nil {
+		return nil, a.failed(ctx, actx, err)
+	}
+	if l != nil || noWait {
+		return l, nil
+	}
+
+	// Subscribe first, then try again: a release between the first try and
+	// the subscription would otherwise go unheard. The subscription shares
+	// the provider's one Pub/Sub connection.
+	w, err := p.subs.subscribe(actx, a.channel)
+	if err != nil {
+		return nil, a.outcome(ctx, actx, fmt.Errorf("redislock: subscribing to the release channel of %q: %w", a.key, err))
+	}
+	acquired := false
+	defer func() { p.subs.unsubscribe(w, acquired) }()
+	// Until Redis confirms the subscription a release could go unheard, so
+	// the confirmation itself means: try again. After it, a release message
+	// (or a broken connection, which may have lost one) wakes the waiter,
+	// and the fallback timer covers a message lost anyway.
+	confirmed := w.sub.confirmed
+	retry := time.NewTimer(p.nextWait(holderTTL))
+	defer retry.Stop()
+	for {
+		select {
+		case <-confirmed:
+			confirmed = nil
+		case <-w.wake:
+		case <-retry.C:
+		case <-actx.Done():
+			return nil, a.outcome(ctx, actx, nil)
+		case <-p.closing:
+			return nil, errClosed
+		}
+		if l, holderTTL, err = a.try(actx); err != nil {
+			return nil, a.failed(ctx, actx, err)
+		}
+		if l != nil {
+			acquired = true
+			return l, nil
+		}
+		retry.Reset(p.nextWait(holderTTL))
+	}
+}
+
+// nextWait is how long a waiter waits before trying again if no release
+// message comes: the jittered fallback interval, but never past the
+// holder's remaining TTL (holderTTL, from PTTL; negative when the key has
+// no TTL or vanished, meaning try again at once).
+func (p *Provider) nextWait(holderTTL time.Duration) time.Duration {
+	d := p.retry/2 + mrand.N(p.retry/2+1)
+	if holderTTL < 0 {
+		return 0
+	}
+	if holderTTL < d {
+		return holderTTL + time.Millisecond // just past the expiry
+	}
+	return d
+}
+
+// try runs the acquire script once (go-redis may send it more than once).
+func (a *attempt) try(ctx context.Context) (*lease, time.Duration, error) {
+	start := time.Now() // before the send: the local expiry is never after Redis's
+	res, err := acquireScript.Run(ctx, a.p.client, []string{a.lockKey, a.fenceKey, a.voidKey}, a.token, a.pxMS).Int64Slice()
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(res) != 2 {
+		return nil, 0, fmt.Errorf("unexpected script reply %v", res)
+	}
+	switch res[0] {
+	case 1:
+		return a.p.newLease(a, uint64(res[1]), start), 0, nil
+	case 0:
+		return nil, time.Duration(res[1]) * time.Millisecond, nil
+	default: // voided: only after Acquire returned, so never seen by a live one
+		return nil, 0, errors.New("the acquire was voided")
+	}
+}
+
+// outcomeWait bounds how long outcome waits for a context whose deadline
+// has passed to report its end: its timer fires within microseconds.
+const outcomeWait = 20 * time.Millisecond
+
+// failed handles a try that returned err: the script may have run, or may
+// yet run, so the token is voided in the background; then it reports.
+func (a *attempt) failed(ctx, actx context.Context, err error) error {
+	a.p.voids.add(a)
+	return a.outcome(ctx, actx, fmt.Errorf("redislock: acquiring %q: %w", a.key, err))
+}
+
+// outcome is what Acquire returns when it returns no lease: ctx's error if
+// ctx ended, nil (not granted in time) if the Timeout did, else err.
+//
+// A deadline and the i/o timeout go-redis sets from it fire on different
+// clocks (a timer, the network poller), so a call can fail with an i/o
+// timeout a moment before ctx reports its end. Once the deadline has passed
+// the context ends within moments: wait for it, so that the caller sees
+// ctx's error, not an i/o error. (The wait is bounded: with a Clock other
+// than the system's, the deadline is on that clock.)
+func (a *attempt) outcome(ctx, actx context.Context, err error) error {
+	if d, ok := actx.Deadline(); ok && !time.Now().Before(d) && actx.Err() == nil {
+		t := time.NewTimer(outcomeWait)
+		select {
+		case <-actx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if tenace.TimedOut(ctx, actx) {
+		return nil // not granted in time
+	}
+	return err
+}

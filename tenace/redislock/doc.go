@@ -1,0 +1,135 @@
+// Package redislock is a tenace.LockProvider on a Redis server, for locks
+// that must hold across processes and machines.
+//
+//	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
+//	locks := redislock.New(client)
+//	defer locks.Close()
+//	p := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: locks, Key: "reports"})
+//	err := p.Execute(ctx, buildReport) // ctx of buildReport ends if the lock is lost
+//
+// ContextTimeoutEnabled matters: without it go-redis ignores ctx deadlines
+// while it waits for a reply, so on a stalled server an Acquire returns at
+// the client's ReadTimeout (3s by default), not at its Timeout or ctx
+// deadline. CheckClient tells, and New logs a warning through WithLogger.
+//
+// # How it works
+//
+// Acquire draws a random token (128 bits from crypto/rand) for the call and
+// runs one Lua script, as often as it tries: if the key holds this token
+// already (an earlier run whose reply was lost), it is granted; if another
+// token holds it, not; if it is free, SET key token PX min(window, TTL) and
+// a new fencing token, max(the key's counter + 1, the server's TIME in µs),
+// stored as the counter. A caller that must wait subscribes to the key's
+// release channel first, then tries again, so no release is missed between
+// the two; each release publishes on that channel, which wakes the provider's oldest
+// waiter of the key to try again at once (one release, one lock: waking
+// them all would only make the rest lose). All waiters of a Provider share
+// one Pub/Sub connection, open while anyone waits; a channel's SUBSCRIBE and
+// UNSUBSCRIBE are sent in the order its waiters came and went. In case a
+// message is lost (a reconnect, say) a waiter also retries after a jittered
+// fallback interval, and never waits past the holder's remaining PTTL, its
+// own Timeout or its context without trying again. Release runs one script
+// that deletes the key only if it still holds this grant's token, and
+// publishes the release.
+//
+// # Keepalive and the lost signal
+//
+// A lease is kept on the server for a window (WithWindow, 15s by default),
+// not for its whole TTL, and renewed every renewal interval (a third of the
+// window by default) by a script that extends the key only if it still
+// holds this grant's token. So work can run as long as it needs while its
+// holder lives, and a holder that dies — or stops reaching the server —
+// frees the key within one window, whatever its TTL. The TTL keeps its
+// meaning, the longest time the lock is held: renewals stop at it and the
+// lease is lost with tenace.ErrLeaseExpired. Without a TTL (the default) a
+// lease is held until Release, or until it is lost.
+//
+// Leases are tenace.LosableLease: Lost is closed, and Err says why (an
+// error wrapping tenace.ErrLeaseLost), when a renewal finds the key gone or
+// held by another token, when the TTL is reached, when the provider is
+// closed, and when no renewal got through before the last expiry the
+// server was told — measured from before that renewal was sent, so the
+// holder hears of it no later than the server can free the key (clock
+// drift aside). The Lock step ends fn's context then, with that cause, and
+// emits lock.lost. Renewals are timers, not goroutines: a goroutine exists
+// only while a renewal call is on the wire. Release stops them first.
+//
+// An acquire whose outcome is unknown — the script was sent, then an error
+// or the deadline came before the reply — may have taken the key, or may
+// still take it when the server runs the queued command. Acquire then
+// returns no lease, and the provider voids the token in the background: a
+// script that marks the token void for one window (so its acquire script,
+// whenever it runs, takes nothing) and deletes the key if the token holds
+// it. It retries until the server answers, or until Close.
+//
+// The lock key is prefix + "{" + key + "}"; its counter, release channel and
+// void markers share that prefix and hash tag, so the scripts work on a
+// Redis Cluster; the prefix must not contain braces.
+//
+// # Defaults
+//
+//	TTL            none: held until Release (WithTTL; per call, tenace.LockOptions.TTL; at least 1ms)
+//	window         15s  (WithWindow): how long a dead holder keeps the key
+//	renewal        every window/3 (WithRenewInterval): 12 renewals a minute per held lease
+//	prefix         "tenace:lock:" (WithPrefix)
+//	fallback retry 1s, jittered between half and all of it (WithRetryInterval)
+//
+// # Guarantees and their limits
+//
+//   - Mutual exclusion holds while a single Redis primary is the authority:
+//     standalone, or the primary of a failover (sentinel) group, or the
+//     primary of the key's slot in a cluster.
+//   - Failover can lose a lock: Redis replicates asynchronously, so a
+//     primary that fails after granting and before replicating hands a
+//     replica the role without the key, and a second caller can be granted
+//     the same lock. A restart of a server that keeps no data does the same.
+//     Fencing tokens are the defence.
+//   - Fencing tokens strictly increase per key across grants and clients,
+//     and across a restart that lost every key or a failover to a replica
+//     without the counter, as long as the (new) server's clock reads later
+//     than the last token, in µs since 1970, of the old one: each token is
+//     max(counter + 1, the server's TIME in µs). The limit: a server clock
+//     stepped back, or a replica's clock behind the old primary's by more
+//     than the failover took, can hand out a token below one already used.
+//     A resource that records the highest token it accepted and refuses
+//     lower ones stays safe when a paused or expired holder writes late. The
+//     counters are kept (an expiring counter would restart): one small string
+//     key, about 70 bytes, per lock key ever used. Tokens are below 2^53.
+//   - Expiry: the lease's Lost fires no later than the server can drop the
+//     key: each expiry the server is told (the window, or what is left of
+//     the TTL, in whole milliseconds as Redis keeps it; a TTL under 1ms is
+//     refused with tenace.ErrInvalidOption) is measured locally from before
+//     the command was sent. Clocks that drift apart (the server's running
+//     fast) or a process paused longer than a window (GC, SIGSTOP of the
+//     holder) can still let the key go before the holder hears of it:
+//     fencing tokens cover that.
+//   - Renewal never extends a lock that is no longer this grant's (the
+//     script checks the token); one that reaches the server after Release
+//     finds nothing to extend.
+//   - No lock held by nobody: when Acquire returns no lease (an error, ctx's
+//     end, the Timeout), the key is not held by this call once the server
+//     has answered the void (above) — within about 100ms of the server
+//     answering again after a stall. Before that, and if the provider is
+//     closed first, such a key can stay held for its first window (or its
+//     TTL, if shorter).
+//   - Timeout and ctx bound Acquire, Redis calls included, on a client with
+//     ContextTimeoutEnabled — except while the shared Pub/Sub connection is
+//     being opened (see Provider.Acquire); a ctx that ends during a call
+//     returns ctx's error, never the i/o error it caused.
+//   - Release deletes the key only if it holds this grant's token; after a
+//     loss it returns an error wrapping ErrLeaseLost and never touches
+//     another holder's lock. A Release that failed can be called again; once one
+//     succeeded, Release returns nil. A retry after a failed call that finds
+//     the key no longer this grant's returns nil: the failed call may have
+//     deleted it.
+//   - Not FIFO: waiters in different processes race for the key when it is
+//     released; in each process the oldest waiter tries again on the release
+//     message, and the first script to run wins. Within one process waiters
+//     are woken roughly in arrival order (a newcomer's first try can still
+//     take a free key); for strict FIFO inside a process put a Lock on the
+//     MemoryLockProvider in front of this one.
+//   - Errors: a Redis command that fails returns its error at once (through
+//     a Lock, an *tenace.UnexpectedError); the provider retries nothing but
+//     the voids. go-redis may retry a command on its own (MaxRetries): the
+//     scripts are idempotent for their token, so that is safe.
+package redislock

@@ -1,0 +1,307 @@
+package redislock_test
+
+// Keepalive and the lost-lease signal (issue 10), on a real redis-server.
+// Windows are short (100–300 ms) so that "ten windows" takes a second or
+// two; the waits here are bounded real waits where the server's clock is
+// the point.
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"tenace.dev/internal/redistest"
+	"tenace.dev/tenace"
+	"tenace.dev/tenace/locktest"
+	"tenace.dev/tenace/redislock"
+)
+
+// renewalHook counts the renewal scripts a client sends: EVALSHA sha 1 key
+// token ms — one key, and a number (the new expiry in ms) as the last
+// argument, where a release has its channel's name.
+type renewalHook struct{ n atomic.Int64 }
+
+func (h *renewalHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *renewalHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			if args := cmd.Args(); len(args) == 6 && fmt.Sprint(args[2]) == "1" && !strings.HasSuffix(fmt.Sprint(args[5]), ":released") {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *renewalHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func TestConformance(t *testing.T) {
+	srv := redistest.Start(t)
+	c := deadlineClient(t, srv.Addr)
+	locktest.Run(t, func(t *testing.T) tenace.LockProvider {
+		// A window shorter than MinTTL, so that the TTL checks see a lease
+		// renewed up to its cap.
+		return newProvider(t, c, redislock.WithWindow(100*time.Millisecond), redislock.WithRetryInterval(50*time.Millisecond))
+	}, locktest.Capabilities{
+		Fencing:    true,
+		Losable:    true,
+		TTL:        true,
+		ExactStats: true,
+		MinTTL:     250 * time.Millisecond,
+		WaitBound:  5 * time.Second,
+		Lose: func(t *testing.T, l tenace.LockLease) {
+			// Delete every lock key this lease could hold: the suite's keys
+			// are its own.
+			keys, err := c.Keys(bg, "tenace:lock:{*}").Result()
+			require.NoError(t, err)
+			tok := l.(tenace.FencedLease).Token()
+			for _, k := range keys {
+				if fk := k + ":fence"; c.Get(bg, fk).Val() == fmt.Sprint(tok) {
+					require.NoError(t, c.Del(bg, k).Err())
+					return
+				}
+			}
+			t.Fatalf("no lock key holds token %d", tok)
+		},
+	})
+}
+
+// Work that runs ten windows keeps its lock: renewals keep the key, nobody
+// else gets it, and fn's context does not end.
+func TestWorkLongerThanTheWindowKeepsTheLock(t *testing.T) {
+	srv := redistest.Start(t)
+	c := deadlineClient(t, srv.Addr)
+	h := &renewalHook{}
+	c.AddHook(h)
+	const window = 200 * time.Millisecond
+	p := newProvider(t, c, redislock.WithWindow(window))
+	other := newProvider(t, deadlineClient(t, srv.Addr))
+	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "long"})
+	var hold time.Duration
+	err := pol.Execute(bg, func(ctx context.Context) error {
+		start := time.Now()
+		// Meanwhile another provider waits ten windows for the key, in vain.
+		l, err := other.Acquire(ctx, "long", tenace.LockAcquireOptions{Timeout: 10 * window})
+		require.NoError(t, err)
+		require.Nil(t, l, "nobody else gets the lock while its holder renews it")
+		require.NoError(t, context.Cause(ctx), "fn's context is still live")
+		hold = time.Since(start)
+		return nil
+	})
+	require.NoError(t, err)
+	renewals := h.n.Load()
+	perMin := float64(renewals) / hold.Minutes()
+	t.Logf("held %v with a %v window (renewal every %v): %d renewals, %.0f/min per lease (defaults, window %v: %.0f/min)",
+		hold.Round(time.Millisecond), window, window/3, renewals, perMin, redislock.DefaultWindow, time.Minute.Seconds()/(redislock.DefaultWindow/3).Seconds())
+	require.GreaterOrEqual(t, renewals, int64(10), "renewed (about three times a window)")
+}
+
+const holderEnv = "TENACE_REDISLOCK_HOLDER"
+
+// holderProcess is the test binary re-run as a lock holder: it takes
+// "killed" with a one-hour TTL and a 300 ms window, says so on stdout, and
+// holds it until it is killed.
+func holderProcess(addr string) int {
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	p := redislock.New(c, redislock.WithWindow(300*time.Millisecond))
+	l, err := p.Acquire(bg, "killed", tenace.LockAcquireOptions{TTL: time.Hour})
+	if err != nil || l == nil {
+		fmt.Fprintln(os.Stderr, "acquire:", l, err)
+		return 1
+	}
+	fmt.Println("held")
+	_, _ = io.Copy(io.Discard, os.Stdin) // until SIGKILL (or the test's end closes stdin)
+	return 0
+}
+
+// A holder killed with SIGKILL frees the key within one window, though its
+// TTL is an hour.
+func TestAKilledHolderFreesTheKeyWithinOneWindow(t *testing.T) {
+	srv, c := setup(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), holderEnv+"="+srv.Addr)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe() // closed when the test ends: the holder then exits, if still alive
+	require.NoError(t, err)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = stdin.Close(); _ = cmd.Process.Kill() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "held\n", line)
+	// Let it renew a few times first: the key must outlive its first
+	// window only through renewals.
+	time.Sleep(700 * time.Millisecond)
+	require.Equal(t, int64(1), c.Exists(bg, "tenace:lock:{killed}").Val(), "renewed past its first window")
+
+	p := newProvider(t, c)
+	killed := time.Now()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	_ = cmd.Wait()
+	l, err := p.Acquire(bg, "killed", tenace.LockAcquireOptions{Timeout: 5 * time.Second})
+	freed := time.Since(killed)
+	require.NoError(t, err)
+	require.NotNil(t, l)
+	require.NoError(t, l.Release(bg))
+	t.Logf("a holder killed with SIGKILL (TTL 1h, window 300ms): its key was granted to another %v after the kill", freed.Round(time.Millisecond))
+	require.Less(t, freed, 300*time.Millisecond+300*time.Millisecond, "within one window (and the waiter's retry, and scheduling latency)")
+}
+
+// A renewal that finds the key gone, or taken by another, ends fn's
+// context with the lost cause and emits lock.lost.
+func TestARenewalThatFindsTheKeyGoneEndsFnsContext(t *testing.T) {
+	_, c := setup(t)
+	const window = 300 * time.Millisecond
+	p := newProvider(t, c, redislock.WithWindow(window))
+	for _, how := range []string{"deleted", "re-taken"} {
+		t.Run(how, func(t *testing.T) {
+			var lost atomic.Int32
+			pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: how}).OnEvent(func(e tenace.Event) {
+				if e.Name == tenace.EventLockLost {
+					lost.Add(1)
+				}
+			})
+			var late time.Duration
+			err := pol.Execute(bg, func(ctx context.Context) error {
+				key := "tenace:lock:{" + how + "}"
+				if how == "deleted" {
+					require.NoError(t, c.Del(bg, key).Err())
+				} else {
+					require.NoError(t, c.Set(bg, key, "someone-else", time.Hour).Err())
+				}
+				at := time.Now()
+				<-ctx.Done()
+				late = time.Since(at)
+				return context.Cause(ctx)
+			})
+			require.ErrorIs(t, err, tenace.ErrLeaseLost)
+			require.NotErrorIs(t, err, tenace.ErrLeaseExpired)
+			require.Equal(t, int32(1), lost.Load(), "one lock.lost event")
+			t.Logf("key %s: fn's context ended %v after the loss (renewal interval %v)", how, late.Round(time.Millisecond), window/3)
+			require.Less(t, late, window, "by the next renewal")
+			if how == "re-taken" {
+				require.Equal(t, "someone-else", c.Get(bg, "tenace:lock:{re-taken}").Val(), "the Lock's release left the new holder alone")
+			}
+		})
+	}
+}
+
+// A server stalled past the window ends fn's context no later than the
+// window after the last renewal sent.
+func TestAStalledServerEndsFnsContextWithinTheWindow(t *testing.T) {
+	srv := redistest.Start(t)
+	c := deadlineClient(t, srv.Addr)
+	const window = 300 * time.Millisecond
+	p := newProvider(t, c, redislock.WithWindow(window))
+	var afterStall time.Duration
+	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "stalled"}).Execute(bg, func(ctx context.Context) error {
+		l, _ := tenace.LeaseFrom(ctx)
+		told := l.(interface{ Expiry() time.Time }).Expiry()
+		srv.Pause()
+		paused := time.Now()
+		<-ctx.Done()
+		afterStall = time.Since(paused)
+		// The context ended no later than the last expiry told to the
+		// server (which only moves on while the server answers).
+		require.LessOrEqual(t, l.(interface{ Expiry() time.Time }).Expiry().Sub(told), window)
+		return context.Cause(ctx)
+	})
+	require.ErrorIs(t, err, tenace.ErrLeaseLost)
+	srv.Resume()
+	t.Logf("server stalled: fn's context ended %v after the stall began (window %v)", afterStall.Round(time.Millisecond), window)
+	require.Less(t, afterStall, window+150*time.Millisecond, "no later than one window (timer and scheduling latency aside)")
+}
+
+// Release stops the renewals.
+func TestReleaseStopsRenewal(t *testing.T) {
+	srv := redistest.Start(t)
+	c := deadlineClient(t, srv.Addr)
+	h := &renewalHook{}
+	c.AddHook(h)
+	const window = 150 * time.Millisecond
+	p := newProvider(t, c, redislock.WithWindow(window))
+	l := mustAcquire(t, p, "r", tenace.LockAcquireOptions{})
+	for h.n.Load() < 2 {
+		time.Sleep(10 * time.Millisecond) // until it has renewed twice
+	}
+	require.NoError(t, l.Release(bg))
+	n := h.n.Load()
+	require.Equal(t, tenace.LockStats{}, p.Stats())
+	time.Sleep(3 * window) // several renewal intervals: none may come
+	require.Equal(t, n, h.n.Load(), "no renewal after Release")
+	require.Zero(t, c.Exists(bg, "tenace:lock:{r}").Val())
+	select {
+	case <-l.(tenace.LosableLease).Lost():
+		t.Fatal("a released lease is not lost")
+	default:
+	}
+}
+
+// A TTL caps a renewed lease: it is lost with ErrLeaseExpired at the TTL
+// and the key is free then.
+func TestTheTTLCapsARenewedLease(t *testing.T) {
+	_, c := setup(t)
+	p := newProvider(t, c, redislock.WithWindow(100*time.Millisecond))
+	start := time.Now()
+	l := mustAcquire(t, p, "capped", tenace.LockAcquireOptions{TTL: 400 * time.Millisecond})
+	ll := l.(tenace.LosableLease)
+	<-ll.Lost()
+	at := time.Since(start)
+	require.ErrorIs(t, ll.Err(), tenace.ErrLeaseExpired)
+	require.GreaterOrEqual(t, at, 399*time.Millisecond, "renewed up to its TTL")
+	// The server drops the key by its own clock at the same instant: a
+	// waiter gets it right away.
+	l2, err := p.Acquire(bg, "capped", tenace.LockAcquireOptions{Timeout: time.Second})
+	require.NoError(t, err)
+	require.NotNil(t, l2)
+	require.NoError(t, l2.Release(bg))
+	require.ErrorIs(t, l.Release(bg), tenace.ErrLeaseLost)
+}
+
+// Closing the provider loses its leases and stops their renewals; Release
+// still frees the key.
+func TestCloseLosesHeldLeases(t *testing.T) {
+	_, c := setup(t)
+	p := redislock.New(c, redislock.WithWindow(time.Second))
+	l := mustAcquire(t, p, "closed", tenace.LockAcquireOptions{})
+	require.Equal(t, 1, p.Stats().Held)
+	require.NoError(t, p.Close())
+	ll := l.(tenace.LosableLease)
+	<-ll.Lost()
+	require.ErrorIs(t, ll.Err(), tenace.ErrLeaseLost)
+	require.ErrorIs(t, l.Release(bg), tenace.ErrLeaseLost)
+	require.Zero(t, c.Exists(bg, "tenace:lock:{closed}").Val(), "Release deleted the key")
+	_, err := p.Acquire(bg, "closed", tenace.LockAcquireOptions{})
+	require.ErrorIs(t, err, tenace.ErrProviderClosed)
+	require.NoError(t, p.Close(), "idempotent")
+}
+
+// Close fails the callers waiting in Acquire with ErrProviderClosed.
+func TestCloseFailsTheWaiters(t *testing.T) {
+	_, c := setup(t)
+	holder := newProvider(t, c)
+	held := mustAcquire(t, holder, "w", tenace.LockAcquireOptions{})
+	p := redislock.New(c, redislock.WithRetryInterval(time.Hour))
+	r := acquireAsync(bg, p, "w", tenace.LockAcquireOptions{})
+	for p.Stats().Waiting < 1 {
+		time.Sleep(time.Millisecond) // until it waits (subscribed)
+	}
+	require.NoError(t, p.Close())
+	got := <-r
+	require.ErrorIs(t, got.err, tenace.ErrProviderClosed)
+	require.Nil(t, got.lease)
+	require.NoError(t, held.Release(bg))
+}

@@ -1,0 +1,301 @@
+package redislock
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"tenace.dev/tenace"
+)
+
+// releaseScript: KEYS[1] the lock; ARGV[1] the grant's token, ARGV[2] the
+// release channel. Deletes the lock only if it is still this grant's.
+var releaseScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+	redis.call('DEL', KEYS[1])
+	redis.call('PUBLISH', ARGV[2], '1')
+	return 1
+end
+return 0
+`)
+
+// renewScript: KEYS[1] the lock; ARGV[1] the grant's token, ARGV[2] the new
+// expiry from now, in ms. Extends the lock only if it is still this
+// grant's: a renewal never extends a lock that expired and was taken by
+// someone else, nor one deleted.
+var renewScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+	redis.call('PEXPIRE', KEYS[1], ARGV[2])
+	return 1
+end
+return 0
+`)
+
+// errProviderClosedLost is the loss of the leases held when their provider
+// is closed.
+var errProviderClosedLost = fmt.Errorf("%w: redislock: the provider was closed, so the lease is no longer renewed", tenace.ErrLeaseLost)
+
+// leaseState is where a lease is; the zero value is invalid.
+type leaseState uint8
+
+const (
+	_              leaseState = iota
+	stateHeld                 // granted, renewed
+	stateReleasing            // Release called: no more renewals; a failed release stays here, retryable
+	stateLost                 // lost before Release (Lost is closed)
+	stateDone                 // released, or Release called after a loss: Release does nothing more
+)
+
+// lease is one grant, kept alive by renewals until Release, its cap (the
+// TTL), or a loss.
+//
+// Renewals are two timers, not a goroutine: renewT fires every renewal
+// interval and sends renewScript (from the timer's own goroutine, for the
+// length of the call); lossT fires at expiry, the last expiry the server was
+// told (measured from before that renewal was sent), and reports the lease
+// lost unless a renewal moved expiry on. So a stalled server, or renewals
+// that fail, end the lease no later than the server can free the key.
+//
+// Concurrency: the fields above mu are set at the grant and never change;
+// mu guards the rest. It is not held across the renewal call, so Release
+// never waits for a renewal; a renewal that reaches the server after the
+// release finds the key gone (or another's) and changes nothing, and its
+// reply is ignored. mu is taken before the provider's mu, never after.
+// Every armed timer and every timer callback running counts one in the
+// provider's bg group, so Close can wait for them.
+type lease struct {
+	tenace.LeaseSignal
+	a     *attempt
+	fence uint64
+	cap   time.Time // when the TTL is reached; zero: no cap
+	keys  []string  // {the lock key}, for the scripts
+	token any       // the grant's token, boxed once for the scripts
+
+	mu     sync.Mutex
+	state  leaseState
+	expiry time.Time   // the last expiry the server was told, from before its send
+	final  bool        // expiry is the cap's: no renewal goes further
+	renewT *time.Timer // the next renewal; nil if the lease was never to be renewed
+	lossT  *time.Timer // fires at expiry
+	unsure bool        // a release call failed: it may have deleted the key
+}
+
+var (
+	_ tenace.FencedLease  = (*lease)(nil)
+	_ tenace.LosableLease = (*lease)(nil)
+)
+
+// newLease registers a grant whose script was sent at sent, and arms its
+// timers.
+func (p *Provider) newLease(a *attempt, fence uint64, sent time.Time) *lease {
+	l := &lease{a: a, fence: fence, keys: []string{a.lockKey}, token: a.token, state: stateHeld, expiry: sent.Add(time.Duration(a.pxMS) * time.Millisecond)}
+	if a.ttl > 0 {
+		l.cap = sent.Add(a.ttl)
+		l.final = !l.expiry.Before(l.cap)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed { // Close came while the grant was on the wire; Release still frees the key
+		l.state = stateLost
+		l.Lose(errProviderClosedLost)
+		return l
+	}
+	p.leases[l] = struct{}{}
+	p.held.Add(1)
+	l.lossT = l.arm(time.Until(l.expiry), l.expire)
+	if !l.final {
+		l.renewT = l.arm(p.interval, l.renew)
+	}
+	return l
+}
+
+// arm starts a timer that runs f after d, counted in the provider's bg
+// group until f returns or disarm stops it. rearm runs it again after d.
+// With l.mu held, and either the provider's mu held while it is not
+// closed, or from a timer callback (which holds a count itself), so that bg
+// never goes from zero to one during Close's Wait. Timers are made once per
+// lease and reset, so a renewal allocates no timer.
+func (l *lease) arm(d time.Duration, f func()) *time.Timer {
+	bg := &l.a.p.bg
+	bg.Add(1)
+	return time.AfterFunc(d, func() {
+		defer bg.Done()
+		f()
+	})
+}
+
+// rearm: see arm; t is a timer from arm.
+func (l *lease) rearm(t *time.Timer, d time.Duration) {
+	if !t.Reset(d) { // it had fired or was stopped: a new count for the next run
+		l.a.p.bg.Add(1)
+	}
+}
+
+// disarm stops t; if that kept its callback from running, it gives back
+// the callback's count. With l.mu held.
+func (l *lease) disarm(t *time.Timer) {
+	if t != nil && t.Stop() {
+		l.a.p.bg.Done()
+	}
+}
+
+// renew runs when renewT fires: one renewal, then the next one armed, or a
+// retry while the window lasts, or the loss if the key is no longer this
+// lease's.
+func (l *lease) renew() {
+	p := l.a.p
+	l.mu.Lock()
+	if l.state != stateHeld {
+		l.mu.Unlock()
+		return
+	}
+	sent := time.Now()
+	px, final := p.window, false
+	if !l.cap.IsZero() {
+		if rest := l.cap.Sub(sent).Truncate(time.Millisecond); rest <= px {
+			px, final = rest, true
+		}
+	}
+	if px < time.Millisecond {
+		// The cap is less than a millisecond away: the expiry last told is
+		// the last one, and lossT reports the cap at it.
+		l.final = true
+		l.mu.Unlock()
+		return
+	}
+	deadline := l.expiry // past it the lease is lost anyway
+	l.mu.Unlock()
+
+	ctx, cancel := context.WithDeadline(p.stop, deadline)
+	n, err := renewScript.Run(ctx, p.client, l.keys, l.token, px.Milliseconds()).Int()
+	cancel()
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state != stateHeld {
+		return // released, lost or closed meanwhile: the reply does not matter
+	}
+	switch {
+	case err != nil:
+		// Try again soon, while the window lasts; if none gets through,
+		// lossT reports the loss at expiry.
+		if retry := max(p.interval/4, time.Millisecond); time.Now().Add(retry).Before(l.expiry) {
+			l.rearm(l.renewT, retry)
+		}
+	case n == 0:
+		l.loseLocked(fmt.Errorf("%w: redislock: a renewal found %q no longer held by this lease (it expired, was deleted, or was taken by another holder)", tenace.ErrLeaseLost, l.a.key))
+	default:
+		if e := sent.Add(px); e.After(l.expiry) {
+			l.expiry, l.final = e, final
+			l.rearm(l.lossT, time.Until(e))
+		}
+		if !l.final {
+			l.rearm(l.renewT, p.interval)
+		}
+	}
+}
+
+// expire runs when lossT fires: the lease is lost unless a renewal moved
+// its expiry on meanwhile.
+func (l *lease) expire() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state != stateHeld || time.Now().Before(l.expiry) {
+		return
+	}
+	if l.final {
+		l.loseLocked(fmt.Errorf("%w (redislock: %q was held for its TTL, %v)", tenace.ErrLeaseExpired, l.a.key, l.a.ttl))
+		return
+	}
+	l.loseLocked(fmt.Errorf("%w: redislock: no renewal of %q reached the server before the expiry it was last given; the server may have freed the key", tenace.ErrLeaseLost, l.a.key))
+}
+
+// lose marks the lease lost with err if it is still held (for Close).
+func (l *lease) lose(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state == stateHeld {
+		l.loseLocked(err)
+	}
+}
+
+// loseLocked: with l.mu held and the lease held.
+func (l *lease) loseLocked(err error) {
+	l.state = stateLost
+	l.stopLocked()
+	l.Lose(err)
+}
+
+// stopLocked disarms the timers and takes the lease off the provider's
+// books. With l.mu held, once, as the lease leaves stateHeld.
+func (l *lease) stopLocked() {
+	l.disarm(l.renewT)
+	l.disarm(l.lossT)
+	p := l.a.p
+	p.mu.Lock()
+	if _, ok := p.leases[l]; ok {
+		delete(p.leases, l)
+		p.held.Add(-1)
+	}
+	p.mu.Unlock()
+}
+
+// Release stops the renewals, deletes the lock if it is still this grant's
+// and wakes the waiters. It returns nil when it released the lock. A
+// release that fails (Redis unreachable, ctx ended) returns the error and
+// can be called again (renewals stay stopped: the key lapses within one
+// window if no retry gets through); once one succeeded, Release does
+// nothing and returns nil. When the lock was no longer this lease's — lost
+// (Lost closed; Release still deletes the key if it is this grant's), or
+// found gone or taken — it returns an error wrapping tenace.ErrLeaseLost
+// and never touches another holder's lock; a call after a failed one that
+// finds the key gone returns nil, since the failed call may have deleted
+// it.
+func (l *lease) Release(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	a := l.a
+	switch l.state {
+	case stateDone:
+		return nil
+	case stateHeld:
+		l.state = stateReleasing
+		l.stopLocked()
+	case stateLost:
+		// Best effort: the key may still be this grant's (the provider was
+		// closed, or the last renewal's reply was lost).
+		_ = releaseScript.Run(ctx, a.p.client, l.keys, l.token, a.channel).Err()
+		l.state = stateDone
+		return fmt.Errorf("redislock: releasing %q: %w", a.key, l.Err())
+	}
+	n, err := releaseScript.Run(ctx, a.p.client, l.keys, l.token, a.channel).Int()
+	if err != nil {
+		l.unsure = true
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return fmt.Errorf("redislock: releasing %q failed, so the lock may still be held (for at most one window); call Release again: %w", a.key, err)
+	}
+	l.state = stateDone
+	if n == 0 && !l.unsure {
+		return fmt.Errorf("redislock: releasing %q: the lock was no longer this lease's (it expired, was deleted or taken over): %w", a.key, tenace.ErrLeaseLost)
+	}
+	return nil
+}
+
+// Token is the grant's fencing token (see the package doc).
+func (l *lease) Token() uint64 { return l.fence }
+
+// Expiry is the last expiry the server was told, measured from just before
+// that acquire or renewal was sent, in whole milliseconds as Redis keeps
+// it: no later than the server's own.
+func (l *lease) Expiry() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.expiry
+}

@@ -1,0 +1,270 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"tenace.dev/tenace"
+)
+
+// ErrLeaseLost is tenace.ErrLeaseLost: a lease's Err wraps it once the
+// lease is lost, and Release wraps it when the lock was no longer this
+// lease's (lost, expired, or taken over); the Lock step ignores release
+// errors.
+var ErrLeaseLost = tenace.ErrLeaseLost
+
+// ErrContextTimeoutDisabled is returned by CheckClient for a client built
+// without ContextTimeoutEnabled: such a client ignores ctx deadlines while
+// it waits for a reply, so a stalled server holds Acquire (and Release)
+// until the client's ReadTimeout, whatever the Timeout or ctx deadline.
+var ErrContextTimeoutDisabled = errors.New("redislock: the go-redis client ignores context deadlines (ContextTimeoutEnabled is false), so on a stalled server Acquire's Timeout and ctx deadline wait for the client's ReadTimeout (3s by default); set ContextTimeoutEnabled: true in the client's options")
+
+// Defaults.
+const (
+	// DefaultTTL: no cap; a lease is held, renewed, until Release or until
+	// its holder stops renewing (it dies, or loses the server).
+	DefaultTTL = time.Duration(0)
+	// DefaultWindow is how long the server keeps a lease after its last
+	// renewal: a holder that dies frees the key within it.
+	DefaultWindow = 15 * time.Second
+	// DefaultPrefix namespaces the keys.
+	DefaultPrefix = "tenace:lock:"
+	// DefaultRetryInterval is a waiter's fallback retry, if a release
+	// message is lost.
+	DefaultRetryInterval = time.Second
+)
+
+// Provider is a tenace.LockProvider on Redis. It is safe for concurrent use;
+// create it with New and Close it when done.
+//
+// Goroutines: while callers wait, one reads the shared Pub/Sub connection;
+// while acquires whose outcome is unknown are being undone, one runs the
+// voids; while a lease's renewal is on the wire, one per renewal (renewals
+// are timers, not goroutines, between calls). When idle, none.
+type Provider struct {
+	client   redis.UniversalClient
+	prefix   string
+	ttl      time.Duration
+	window   time.Duration
+	interval time.Duration // renewal interval; 0 until New settles it
+	retry    time.Duration
+	logger   *slog.Logger
+	subs     *subscriber // one Pub/Sub connection for every waiter, open while any waits
+	voids    *janitor    // undoes acquires whose outcome is unknown
+
+	stop context.Context // ends at Close: bounds background calls
+	halt context.CancelFunc
+	bg   sync.WaitGroup // renewal timers armed and renewal calls in flight
+	held atomic.Int64   // leases granted and not yet released or lost
+
+	mu      sync.Mutex // guards leases and closed; taken after a lease's mu, never before
+	leases  map[*lease]struct{}
+	closed  bool
+	closing chan struct{} // closed by Close
+}
+
+var (
+	_ tenace.LockProvider  = (*Provider)(nil)
+	_ tenace.StatsProvider = (*Provider)(nil)
+)
+
+// Option configures New.
+type Option interface{ apply(*Provider) }
+
+type optionFunc func(*Provider)
+
+func (f optionFunc) apply(p *Provider) { f(p) }
+
+// WithTTL sets the default TTL of a lock — the longest it is held, renewals
+// included — used when the call gives none. Without it a lease has no cap
+// (DefaultTTL). It panics if d is under a millisecond (Redis keeps TTLs in
+// milliseconds).
+func WithTTL(d time.Duration) Option {
+	if d < time.Millisecond {
+		panic("tenace: redislock.WithTTL: the TTL must be at least 1ms")
+	}
+	return optionFunc(func(p *Provider) { p.ttl = d })
+}
+
+// WithWindow sets how long the server keeps a lease past its last renewal
+// (DefaultWindow): a holder that dies or loses the server frees the key
+// within one window, and a lease whose renewals fail is reported lost at
+// the end of the window it was last given. Shorter windows free the keys of
+// dead holders sooner and cost more renewals. It panics if d is under a
+// millisecond.
+func WithWindow(d time.Duration) Option {
+	if d < time.Millisecond {
+		panic("tenace: redislock.WithWindow: the window must be at least 1ms")
+	}
+	return optionFunc(func(p *Provider) { p.window = d })
+}
+
+// WithRenewInterval sets how often a held lease is renewed; by default a
+// third of the window, so that two renewals in a row can fail before the
+// lease is lost. New panics if it is not below the window; WithRenewInterval
+// panics if d is not positive.
+func WithRenewInterval(d time.Duration) Option {
+	if d <= 0 {
+		panic("tenace: redislock.WithRenewInterval: the interval must be positive")
+	}
+	return optionFunc(func(p *Provider) { p.interval = d })
+}
+
+// WithPrefix sets the namespace of the lock keys. It panics if prefix
+// contains a brace, which would break the keys' hash tag.
+func WithPrefix(prefix string) Option {
+	if strings.ContainsAny(prefix, "{}") {
+		panic("tenace: redislock.WithPrefix: the prefix must not contain braces")
+	}
+	return optionFunc(func(p *Provider) { p.prefix = prefix })
+}
+
+// WithRetryInterval sets the fallback retry of a waiter, used only if a
+// release message is lost: a waiter retries after a random wait between
+// half and all of d. It panics if d is not positive.
+func WithRetryInterval(d time.Duration) Option {
+	if d <= 0 {
+		panic("tenace: redislock.WithRetryInterval: the interval must be positive")
+	}
+	return optionFunc(func(p *Provider) { p.retry = d })
+}
+
+// WithLogger gives the provider a logger for what it cannot return as an
+// error: New logs a warning when CheckClient finds fault with the client.
+// Without it, the provider logs nothing.
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(p *Provider) { p.logger = l })
+}
+
+// New returns a provider on client: a *redis.Client, a failover (Sentinel)
+// client or a *redis.ClusterClient — the tests run all three against real
+// servers. Build the client with ContextTimeoutEnabled: true, or a stalled
+// server delays Acquire past its Timeout (see CheckClient; with WithLogger,
+// New warns about it). It panics if client is nil.
+func New(client redis.UniversalClient, opts ...Option) *Provider {
+	if client == nil {
+		panic("tenace: redislock.New: nil client")
+	}
+	p := &Provider{
+		client: client, prefix: DefaultPrefix, ttl: DefaultTTL, window: DefaultWindow, retry: DefaultRetryInterval,
+		subs: newSubscriber(client), closing: make(chan struct{}), leases: map[*lease]struct{}{},
+	}
+	for _, o := range opts {
+		o.apply(p)
+	}
+	if p.interval == 0 {
+		p.interval = p.window / 3
+	}
+	if p.interval >= p.window {
+		panic(fmt.Sprintf("tenace: redislock.New: the renewal interval (%v) must be below the window (%v)", p.interval, p.window))
+	}
+	p.stop, p.halt = context.WithCancel(context.Background())
+	p.voids = newJanitor(p)
+	if p.logger != nil {
+		if err := CheckClient(client); err != nil {
+			p.logger.Warn("redislock: "+err.Error(), "ContextTimeoutEnabled", false)
+		}
+	}
+	return p
+}
+
+// CheckClient returns an error wrapping ErrContextTimeoutDisabled if
+// client ignores ctx deadlines, which go-redis does unless its options set
+// ContextTimeoutEnabled: true. Without it, a command sent to a stalled
+// server waits for the client's ReadTimeout (3s by default; forever with
+// -1), and an Acquire's Timeout or ctx deadline cannot cut it short. It
+// knows *redis.Client (also what NewFailoverClient returns),
+// *redis.ClusterClient and *redis.Ring, and returns nil for any other
+// client, which it cannot inspect.
+func CheckClient(client redis.UniversalClient) error {
+	var enabled bool
+	switch c := client.(type) {
+	case *redis.Client:
+		enabled = c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		enabled = c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		enabled = c.Options().ContextTimeoutEnabled
+	default:
+		return nil
+	}
+	if !enabled {
+		return fmt.Errorf("%w (client %T)", ErrContextTimeoutDisabled, client)
+	}
+	return nil
+}
+
+// Close stops the provider's background work and refuses later acquires
+// (their error wraps tenace.ErrProviderClosed); callers waiting in Acquire
+// return that error too. Leases held stop being renewed and are lost at
+// once (their Err says the provider was closed; a Lock ends its fn's
+// context); their keys stay held until Release, which still deletes them,
+// or for at most one window. Acquires whose outcome was unknown and are not
+// yet undone are left to their first window (or TTL). Close waits for the
+// provider's goroutines to end — a renewal or void call in flight is cut
+// short through its context, which a client without ContextTimeoutEnabled
+// ignores until its ReadTimeout — and is idempotent; it returns nil.
+func (p *Provider) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	close(p.closing)
+	held := make([]*lease, 0, len(p.leases))
+	for l := range p.leases {
+		held = append(held, l)
+	}
+	p.mu.Unlock()
+	for _, l := range held {
+		l.lose(errProviderClosedLost)
+	}
+	p.halt()
+	p.voids.close()
+	p.bg.Wait()
+	return nil
+}
+
+func (p *Provider) isClosed() bool {
+	select {
+	case <-p.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+// Stats reports the leases held through this provider (granted, not yet
+// released nor lost), and the callers of this provider waiting in this
+// process (past their first try, subscribed to a release channel): all of
+// them, and the most for one key. Three atomic loads.
+func (p *Provider) Stats() tenace.LockStats {
+	return tenace.LockStats{
+		Held:         int(p.held.Load()),
+		Waiting:      int(p.subs.nWaiting.Load()),
+		LongestQueue: int(p.subs.nLongest.Load()),
+	}
+}
+
+// errClosed is what Acquire returns on a closed provider.
+var errClosed = fmt.Errorf("redislock: %w", tenace.ErrProviderClosed)
+
+// names returns the Redis names of key's lock, fencing counter and release
+// channel. The hash tag puts them in one cluster slot.
+func (p *Provider) names(key string) (lock, fence, channel string) {
+	lock = p.prefix + "{" + key + "}"
+	return lock, lock + ":fence", lock + ":released"
+}
+
+// voidKey is the marker that keeps token from ever holding lockKey: see
+// janitor.
+func voidKey(lockKey, token string) string { return lockKey + ":void:" + token }
