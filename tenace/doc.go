@@ -72,6 +72,8 @@
 //	lock.rejected  EventLockRejected  the lock was not acquired in time; Key: the lock key
 //	lock.acquired  EventLockAcquired  the lock is held; the inner steps run next
 //	lock.released  EventLockReleased  the inner steps returned; the lock was released
+//	lock.lost      EventLockLost      the lease was lost while held (LosableLease); fn's
+//	                                  context ended with cause ErrLeaseLost
 //	timeout        EventTimeout       a WithTimeout deadline passed; Key: the execution key
 //
 // A listener that panics: the panic goes on up through Execute, and the lock

@@ -3,6 +3,7 @@ package tenace
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"tenace.dev/tenace/policy"
 )
@@ -22,11 +23,24 @@ var ErrProviderClosed = errors.New("tenace: the lock provider is closed; create 
 // Nothing runs.
 var ErrInvalidOption = policy.ErrInvalidOption
 
-// ErrLeaseExpired is the cause (context.Cause) of the context a Lock gives
-// the inner steps when its lease expired while they ran (see ExpiringLease):
-// the lock may now be held by another caller, so the work should stop and
-// not commit what it did.
-var ErrLeaseExpired = errors.New("tenace: the lock's lease expired while the work ran; another caller may hold the lock now, so stop and do not commit")
+// ErrLeaseLost is the cause (context.Cause) of the context a Lock gives the
+// inner steps when its lease was lost while they ran (see LosableLease): a
+// renewal failed or found another holder, the connection that held it
+// dropped, or it reached its TTL. The lock may now be held by another caller,
+// so the work should stop and not commit what it did. Providers also wrap it
+// in the error Release returns after a loss.
+var ErrLeaseLost = errors.New("tenace: the lock's lease was lost while held; another caller may hold the lock now, so stop and do not commit")
+
+// ErrLeaseExpired is the loss of a lease that reached its TTL, the longest
+// time a lock may be held (LockOptions.TTL): errors.Is(err, ErrLeaseLost)
+// holds for it too, so one check catches every loss, and this one tells a
+// lease that ran out of time from one taken away.
+var ErrLeaseExpired = fmt.Errorf("%w: it reached its TTL, the longest time the lock may be held", ErrLeaseLost)
+
+// ErrAcquireTimeout is the cause (context.Cause) of a context from
+// AcquireContext whose Timeout passed. Providers turn it into "not granted
+// in time", (nil, nil); callers of Acquire never see it.
+var ErrAcquireTimeout = errors.New("tenace: the lock was not granted within LockAcquireOptions.Timeout")
 
 // errDefaultClose is returned by Close on the default provider.
 var errDefaultClose = errors.New("tenace: DefaultLockProvider() lives as long as the process and cannot be closed; close only providers you created with NewMemoryLockProvider")
@@ -55,7 +69,8 @@ type UnexpectedError struct {
 
 // Error says that the work did not run, and why.
 func (e *UnexpectedError) Error() string {
-	return "tenace: the lock provider failed, so the work did not run: " + e.Err.Error()
+	// The cause often carries the same prefix ("tenace: ..."): say it once.
+	return "tenace: the lock provider failed, so the work did not run: " + strings.TrimPrefix(e.Err.Error(), "tenace: ")
 }
 
 // Unwrap returns the provider's error.

@@ -51,9 +51,12 @@ type LockOptions struct {
 //     that moment (the grant is released at once).
 //   - the provider failed: *UnexpectedError wrapping its error.
 //
-// A lease that can lapse on its own (ExpiringLease, such as a Redis lock's
-// TTL) ends the inner steps' context when it does, with ErrLeaseExpired as
-// the cause, so that work under a lapsed lock stops.
+// A lease that can be lost while held (LosableLease: a distributed lock
+// whose renewal failed, whose connection dropped, or that reached its TTL)
+// ends the inner steps' context the moment the Lock learns of the loss, with
+// the lease's error as the cause (errors.Is(context.Cause(ctx),
+// ErrLeaseLost); ErrLeaseExpired for the TTL), and emits EventLockLost, so
+// that work under a lost lock stops.
 //
 // Locks are not reentrant. A call that waits for a key it already holds —
 // such as a nested policy locking the same execution key — waits for itself:
@@ -173,14 +176,44 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	// listener of the acquired event does not leak the lock.
 	defer release(ctx, x, key, held.lease)
 	x.Emit(Event{Name: EventLockAcquired, Key: key})
-	if el, ok := held.lease.(ExpiringLease); ok {
+	switch l := held.lease.(type) {
+	case LosableLease:
+		return runWatched(held, x, key, l, next)
+	case ExpiringLease:
 		// Work under a lapsed lock must stop: end the inner context at the
 		// lease's expiry, with a cause that says so.
-		inner, cancel := context.WithDeadlineCause(held, el.Expiry(), ErrLeaseExpired)
+		inner, cancel := context.WithDeadlineCause(held, l.Expiry(), ErrLeaseExpired)
 		defer cancel()
 		return next.Run(inner)
 	}
 	return next.Run(held)
+}
+
+// runWatched runs the inner steps while watching a lease that can be lost:
+// the moment it is lost their context ends with the lease's error as its
+// cause, and EventLockLost is emitted — from the watching goroutine, while
+// fn may still run (listeners are already safe for concurrent use: a policy
+// runs many calls at once). The watcher has exited when runWatched returns.
+func runWatched(ctx context.Context, x policy.Execution, key string, l LosableLease, next policy.Next) error {
+	inner, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-l.Lost():
+			err := l.Err()
+			cancel(err)
+			x.Emit(Event{Name: EventLockLost, Key: key})
+		case <-stop:
+		}
+	}()
+	defer func() {
+		close(stop)
+		<-done
+	}()
+	return next.Run(inner)
 }
 
 func release(ctx context.Context, x policy.Execution, key string, lease LockLease) {

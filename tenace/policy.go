@@ -30,6 +30,11 @@ const (
 	EventLockAcquired = "lock.acquired"
 	// EventLockReleased: the inner steps returned and the lock was released.
 	EventLockReleased = "lock.released"
+	// EventLockLost: the lease was lost while the inner steps ran (see
+	// LosableLease); their context has ended with the lease's error as its
+	// cause. It is emitted from another goroutine, the moment the Lock learns
+	// of the loss, while fn may still run.
+	EventLockLost = "lock.lost"
 	// EventTimeout: a WithTimeout deadline passed before the work returned.
 	// Key is the execution key, possibly empty.
 	EventTimeout = policy.EventTimeout

@@ -2,7 +2,12 @@ package tenace
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
 	"time"
+
+	"tenace.dev/tenace/policy"
 )
 
 // NoWait as a Timeout means: try once, and do not wait if the key is held.
@@ -50,7 +55,13 @@ type FencedLease interface {
 	Token() uint64
 }
 
-func validateAcquire(key string, opts LockAcquireOptions) error {
+// ValidateAcquire checks the arguments of a LockProvider.Acquire, for
+// provider authors: it returns an error wrapping ErrMissingKey for an empty
+// key, an error wrapping ErrInvalidOption (naming the option and what to use
+// instead) for a Timeout below zero other than NoWait or a negative TTL, and
+// nil otherwise. Every provider in this module calls it first, so that they
+// all refuse the same input with the same errors.
+func ValidateAcquire(key string, opts LockAcquireOptions) error {
 	if key == "" {
 		return ErrMissingKey
 	}
@@ -63,13 +74,172 @@ func validateAcquire(key string, opts LockAcquireOptions) error {
 	return nil
 }
 
+func validateAcquire(key string, opts LockAcquireOptions) error { return ValidateAcquire(key, opts) }
+
+// AcquireContext returns a context for the whole of one Acquire, for
+// provider authors: it ends when ctx ends or when opts.Timeout has passed on
+// opts.Clock (nil: the system clock), whichever comes first. When the
+// timeout ended it, context.Cause(actx) is ErrAcquireTimeout while ctx itself
+// has not ended: the provider then returns (nil, nil), "not granted in
+// time". Bounding every server call of the acquire with actx makes the
+// Timeout bound the whole wait, server calls included. With a Timeout of 0
+// or NoWait, actx only follows ctx. The caller must call cancel once the
+// acquire is over, to release the timer.
+//
+// With the system clock actx has a real deadline (Deadline reports it), so
+// clients that set socket deadlines from the context honour it; with another
+// clock the deadline is the clock's, reported by Deadline but known only to
+// code that uses the clock.
+func AcquireContext(ctx context.Context, opts LockAcquireOptions) (actx context.Context, cancel context.CancelFunc) {
+	if opts.Timeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	if policy.IsSystemClock(opts.Clock) {
+		return context.WithTimeoutCause(ctx, opts.Timeout, ErrAcquireTimeout)
+	}
+	inner, cancelCause := context.WithCancelCause(ctx)
+	stop := opts.Clock.AfterFunc(opts.Timeout, func() { cancelCause(ErrAcquireTimeout) })
+	c := &clockDeadlineCtx{Context: inner, deadline: opts.Clock.Now().Add(opts.Timeout)}
+	return c, func() {
+		stop()
+		cancelCause(context.Canceled)
+	}
+}
+
+// clockDeadlineCtx is a cancel context ended by a Clock's timer: it reports
+// the clock's deadline, and DeadlineExceeded once the timer fired.
+type clockDeadlineCtx struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c *clockDeadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func (c *clockDeadlineCtx) Err() error {
+	if context.Cause(c.Context) == ErrAcquireTimeout {
+		return context.DeadlineExceeded
+	}
+	return c.Context.Err()
+}
+
+// TimedOut reports whether actx, from AcquireContext(ctx, ...), ended
+// because its Timeout passed while ctx itself still runs: the case in which
+// a provider reports "not granted in time" with (nil, nil).
+func TimedOut(ctx, actx context.Context) bool {
+	return ctx.Err() == nil && context.Cause(actx) == ErrAcquireTimeout
+}
+
+// LosableLease is a lease that can be lost before it is released: a
+// distributed lock whose renewal failed or found another holder, whose
+// connection dropped, whose session ended, or that reached its TTL — the
+// longest time it may be held. From the moment it is lost the lock may be
+// someone else's, so work under it must stop and not commit.
+//
+// The Lock step watches it: the moment Lost is closed it ends the inner
+// steps' context with Err as the cause (context.Cause), and emits
+// EventLockLost. Direct users of a provider select on Lost themselves:
+//
+//	select {
+//	case <-lease.Lost():
+//		return lease.Err() // errors.Is(err, tenace.ErrLeaseLost)
+//	case r := <-results:
+//		...
+//	}
+//
+// A provider reports a loss no later than the last expiry it told its server
+// (measured from before the request was sent), so that the holder learns of
+// it before anyone else can be granted the lock — clocks drifting apart
+// aside. MemoryLockProvider's leases are never lost and do not implement it.
+// Embed LeaseSignal to implement the two methods.
+type LosableLease interface {
+	LockLease
+	// Lost returns a channel that is closed when the lease is lost. Release
+	// does not close it; after Release it may never be closed. Every call
+	// returns the same channel.
+	Lost() <-chan struct{}
+	// Err is nil while the lease has not been lost; once it has, an error
+	// wrapping ErrLeaseLost that says why (ErrLeaseExpired when its TTL was
+	// reached).
+	Err() error
+}
+
+// LeaseSignal is the lost-lease half of a LosableLease, for provider
+// authors to embed in their lease type. The zero value is a lease not lost;
+// Lose marks it lost. It is safe for concurrent use, and holds no lock: the
+// channel is made on first use by compare-and-swap.
+type LeaseSignal struct {
+	ch  atomic.Pointer[chan struct{}]
+	err atomic.Pointer[error]
+}
+
+// Lost returns the channel closed by the first Lose.
+func (s *LeaseSignal) Lost() <-chan struct{} { return s.channel() }
+
+func (s *LeaseSignal) channel() chan struct{} {
+	if c := s.ch.Load(); c != nil {
+		return *c
+	}
+	c := make(chan struct{})
+	if s.ch.CompareAndSwap(nil, &c) {
+		return c
+	}
+	return *s.ch.Load()
+}
+
+// Err is nil until Lose is called, then the error Lose recorded.
+func (s *LeaseSignal) Err() error {
+	if e := s.err.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// Lose marks the lease lost because of err, and closes Lost. Only the first
+// call counts; it reports whether this call was it. An err that does not
+// wrap ErrLeaseLost is wrapped in one that does; a nil err means
+// ErrLeaseLost.
+func (s *LeaseSignal) Lose(err error) bool {
+	switch {
+	case err == nil:
+		err = ErrLeaseLost
+	case !errors.Is(err, ErrLeaseLost):
+		err = fmt.Errorf("%w: %w", ErrLeaseLost, err)
+	}
+	if !s.err.CompareAndSwap(nil, &err) {
+		return false
+	}
+	close(s.channel())
+	return true
+}
+
+// LockStats is what a provider knows of its locks at one moment.
+type LockStats struct {
+	// Held is the number of keys held: for a distributed provider, the
+	// leases held through this provider value.
+	Held int
+	// Waiting is the number of callers waiting for a key: for a distributed
+	// provider, those waiting in this process.
+	Waiting int
+	// LongestQueue is the most callers waiting for one key, or 0 when the
+	// provider does not know.
+	LongestQueue int
+}
+
+// StatsProvider is the optional interface of a provider that reports
+// LockStats. Stats is cheap (a few atomic loads), safe for concurrent use,
+// and never waits for the lock manager, so a gauge or a health endpoint can
+// call it freely.
+type StatsProvider interface {
+	Stats() LockStats
+}
+
 // ExpiringLease is a lease that lapses on its own at Expiry unless released
-// first — a distributed lock's TTL. From that instant the lock may be
-// someone else's, so work under it must stop: the Lock step runs the inner
-// steps with a context that ends at Expiry, with ErrLeaseExpired as its
-// cause (context.Cause). A provider whose leases can lapse implements it,
-// reporting a conservative Expiry (no later than the server's); the
-// MemoryLockProvider's leases never expire and do not implement it.
+// first. The Lock step ends the inner steps' context at Expiry, with
+// ErrLeaseExpired as the cause.
+//
+// Deprecated: implement LosableLease, which also reports losses other than
+// the TTL, and when they happen. ExpiringLease is kept only until every
+// provider in this repository has moved.
 type ExpiringLease interface {
 	LockLease
 	Expiry() time.Time

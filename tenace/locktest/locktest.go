@@ -1,0 +1,806 @@
+// Package locktest checks a tenace.LockProvider against the provider
+// contract, the way testing/fstest checks an fs.FS: a provider's own tests
+// prove it in one call.
+//
+//	func TestConformance(t *testing.T) {
+//		locktest.Run(t, func(t *testing.T) tenace.LockProvider {
+//			p := myprovider.New(...)
+//			t.Cleanup(func() { p.Close() })
+//			return p
+//		}, locktest.Capabilities{Fencing: true, Losable: true, TTL: true})
+//	}
+//
+// Run checks every row of the contract of tenace.LockProvider (granted, not
+// granted in time, NoWait, ctx ended on entry and while waiting, bad input),
+// mutual exclusion under contention, that nothing is left held after
+// timeouts and cancels, a cancel racing a grant, Release idempotent, a
+// Policy's Lock step on the provider; and, where the Capabilities say the
+// provider promises them, FIFO, exact statistics, fencing tokens, TTL and
+// the lost-lease signal.
+//
+// The suite runs against real time (a distributed provider's server has no
+// fake clock), with short timeouts: its waits are bounded, and only where
+// timing is the point (a Timeout that must pass) does it wait for time. Each
+// subtest asks newProvider for a provider and uses keys of its own, so
+// providers that share one server across subtests do not see each other's
+// keys.
+package locktest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"tenace.dev/tenace"
+)
+
+// Capabilities is what a provider promises beyond the contract every
+// provider keeps. Leave a field false when the provider does not promise it;
+// the suite then does not check it.
+type Capabilities struct {
+	// FIFO: waiters of one provider value are granted in arrival order. The
+	// provider must implement tenace.StatsProvider and count a waiter in
+	// Waiting only once its place in the queue is fixed, so that the suite
+	// can tell that a waiter has arrived before starting the next.
+	FIFO bool
+	// ExactStats: the provider implements tenace.StatsProvider, and its
+	// Stats are exact once the provider has settled: Held and Waiting are 0
+	// when nothing is held or waited for, Held is 1 while one key is held.
+	ExactStats bool
+	// Fencing: leases are tenace.FencedLease, and a key's tokens strictly
+	// increase, grant after grant.
+	Fencing bool
+	// Losable: leases are tenace.LosableLease.
+	Losable bool
+	// TTL: LockAcquireOptions.TTL caps the hold: at most TTL after the grant
+	// the lease is lost with tenace.ErrLeaseExpired, and the key can be
+	// granted to someone else.
+	TTL bool
+	// MinTTL is the shortest TTL the suite may ask for (a provider whose
+	// TTL has a coarse resolution sets it); 0 means 200ms.
+	MinTTL time.Duration
+	// Lose, if set, makes l be lost from outside the provider, as a fault
+	// would (delete its server-side key, terminate its connection): the
+	// suite then checks the lost signal, that fn's context ends through a
+	// Lock, and that a stale Release never touches the next holder. It needs
+	// Losable.
+	Lose func(t *testing.T, l tenace.LockLease)
+	// WaitBound is the longest the suite waits for something that must
+	// happen (a grant after a release, a lost signal) before it fails; 0
+	// means 10s.
+	WaitBound time.Duration
+}
+
+// Run checks the provider that newProvider returns against the contract,
+// each rule in a subtest of its own. newProvider is called once per subtest;
+// it should register the provider's cleanup with t.Cleanup.
+func Run(t *testing.T, newProvider func(t *testing.T) tenace.LockProvider, caps Capabilities) {
+	t.Helper()
+	if caps.WaitBound <= 0 {
+		caps.WaitBound = 10 * time.Second
+	}
+	if caps.MinTTL <= 0 {
+		caps.MinTTL = 200 * time.Millisecond
+	}
+	s := &suite{newProvider: newProvider, caps: caps}
+	tests := []struct {
+		name string
+		run  func(t *testing.T)
+		need bool
+	}{
+		{"Granted", s.granted, true},
+		{"NotGrantedInTime", s.notGrantedInTime, true},
+		{"NoWait", s.noWait, true},
+		{"ContextEndedOnEntry", s.ctxEndedOnEntry, true},
+		{"ContextEndsWhileWaiting", s.ctxEndsWhileWaiting, true},
+		{"BadInput", s.badInput, true},
+		{"GrantAfterRelease", s.grantAfterRelease, true},
+		{"ReleaseIdempotent", s.releaseIdempotent, true},
+		{"MutualExclusion", s.mutualExclusion, true},
+		{"NoLeakAfterTimeoutsAndCancels", s.noLeak, true},
+		{"CancelRacingGrant", s.cancelRacingGrant, true},
+		{"DistinctKeysIndependent", s.distinctKeys, true},
+		{"Policy", s.policy, true},
+		{"FIFO", s.fifo, caps.FIFO},
+		{"ExactStats", s.exactStats, caps.ExactStats},
+		{"FencingTokens", s.fencing, caps.Fencing},
+		{"LosableLease", s.losable, caps.Losable},
+		{"TTL", s.ttl, caps.TTL},
+		{"LostSignal", s.lost, caps.Lose != nil},
+		{"StaleReleaseAfterLoss", s.staleRelease, caps.Lose != nil || caps.TTL},
+	}
+	for _, tc := range tests {
+		if !tc.need {
+			continue
+		}
+		t.Run(tc.name, tc.run)
+	}
+}
+
+type suite struct {
+	newProvider func(t *testing.T) tenace.LockProvider
+	caps        Capabilities
+	keys        atomic.Uint64
+}
+
+// key returns a key no other subtest of this process uses.
+func (s *suite) key(t *testing.T) string {
+	return fmt.Sprintf("locktest/%s/%d/%d", t.Name(), time.Now().UnixNano(), s.keys.Add(1))
+}
+
+// ctx is a context bounded by WaitBound, so that a provider that hangs
+// fails the test instead of the whole run.
+func (s *suite) ctx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*s.caps.WaitBound)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// mustAcquire acquires key with opts and fails the test if it is not granted.
+func (s *suite) mustAcquire(t *testing.T, p tenace.LockProvider, key string, opts tenace.LockAcquireOptions) tenace.LockLease {
+	t.Helper()
+	l, err := p.Acquire(s.ctx(t), key, opts)
+	if err != nil {
+		t.Fatalf("Acquire(%q, %+v): unexpected error %v", key, opts, err)
+	}
+	if l == nil {
+		t.Fatalf("Acquire(%q, %+v) = (nil, nil): not granted, want a lease", key, opts)
+	}
+	return l
+}
+
+// mustRelease releases l and fails the test on an error.
+func mustRelease(t *testing.T, l tenace.LockLease) {
+	t.Helper()
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+}
+
+// assertFree checks that key can be taken at once, then gives it back.
+func (s *suite) assertFree(t *testing.T, p tenace.LockProvider, key, why string) {
+	t.Helper()
+	l, err := p.Acquire(s.ctx(t), key, tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+	if err != nil {
+		t.Fatalf("%s: NoWait Acquire: %v", why, err)
+	}
+	if l == nil {
+		t.Fatalf("%s: the key is still held (a NoWait Acquire was not granted)", why)
+	}
+	mustRelease(t, l)
+}
+
+// assertHeld checks that key cannot be taken at once.
+func (s *suite) assertHeld(t *testing.T, p tenace.LockProvider, key, why string) {
+	t.Helper()
+	l, err := p.Acquire(s.ctx(t), key, tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+	if err != nil {
+		t.Fatalf("%s: NoWait Acquire: %v", why, err)
+	}
+	if l != nil {
+		_ = l.Release(context.Background())
+		t.Fatalf("%s: a NoWait Acquire was granted while the key should be held", why)
+	}
+}
+
+type result struct {
+	lease tenace.LockLease
+	err   error
+}
+
+// acquireAsync starts an Acquire in a goroutine; the channel gets its result.
+func acquireAsync(ctx context.Context, p tenace.LockProvider, key string, opts tenace.LockAcquireOptions) <-chan result {
+	ch := make(chan result, 1) // one result, never blocks the goroutine
+	go func() {
+		l, err := p.Acquire(ctx, key, opts)
+		ch <- result{l, err}
+	}()
+	return ch
+}
+
+// wait receives from ch within WaitBound.
+func (s *suite) wait(t *testing.T, ch <-chan result, what string) result {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(s.caps.WaitBound):
+		t.Fatalf("%s: no answer within %v", what, s.caps.WaitBound)
+		return result{}
+	}
+}
+
+func (s *suite) granted(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	for _, opts := range []tenace.LockAcquireOptions{
+		{},
+		{Timeout: tenace.NoWait},
+		{Timeout: time.Minute},
+		{TTL: time.Minute},
+	} {
+		l := s.mustAcquire(t, p, key, opts)
+		mustRelease(t, l)
+	}
+}
+
+func (s *suite) notGrantedInTime(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	held := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	defer mustRelease(t, held)
+	const timeout = 50 * time.Millisecond
+	start := time.Now()
+	l, err := p.Acquire(s.ctx(t), key, tenace.LockAcquireOptions{Timeout: timeout})
+	if err != nil || l != nil {
+		t.Fatalf("Acquire of a held key with Timeout %v = (%v, %v), want (nil, nil)", timeout, l, err)
+	}
+	if d := time.Since(start); d < timeout {
+		t.Fatalf("Acquire with Timeout %v gave up after %v, before its timeout", timeout, d)
+	}
+}
+
+func (s *suite) noWait(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	held := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+	// A NoWait try on a held key fails at once; no Timeout or ctx deadline
+	// bounds it here, so a provider that waited would fail the suite's
+	// WaitBound.
+	ch := acquireAsync(s.ctx(t), p, key, tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+	if r := s.wait(t, ch, "NoWait Acquire of a held key"); r.err != nil || r.lease != nil {
+		t.Fatalf("NoWait Acquire of a held key = (%v, %v), want (nil, nil)", r.lease, r.err)
+	}
+	mustRelease(t, held)
+	s.assertFree(t, p, key, "after the holder released")
+}
+
+func (s *suite) ctxEndedOnEntry(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, opts := range []tenace.LockAcquireOptions{{}, {Timeout: tenace.NoWait}, {Timeout: time.Second}} {
+		l, err := p.Acquire(ctx, key, opts)
+		if l != nil {
+			t.Fatalf("Acquire with an ended ctx (%+v) granted a lease", opts)
+		}
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Acquire with an ended ctx (%+v) = %v, want context.Canceled", opts, err)
+		}
+	}
+	s.assertFree(t, p, key, "after Acquires with an ended ctx")
+}
+
+func (s *suite) ctxEndsWhileWaiting(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	held := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+
+	// Deadline: the outcome is the same whether the deadline passes before
+	// or after the waiter queued, so no handshake is needed.
+	dctx, dcancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer dcancel()
+	r := s.wait(t, acquireAsync(dctx, p, key, tenace.LockAcquireOptions{}), "Acquire with a deadline")
+	if r.lease != nil || !errors.Is(r.err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire whose ctx deadline passed while waiting = (%v, %v), want context.DeadlineExceeded", r.lease, r.err)
+	}
+	// Cancel, with a Timeout that has not passed: ctx's error, not (nil, nil).
+	cctx, ccancel := context.WithCancel(context.Background())
+	ch := acquireAsync(cctx, p, key, tenace.LockAcquireOptions{Timeout: time.Hour})
+	ccancel()
+	r = s.wait(t, ch, "cancelled Acquire")
+	if r.lease != nil || !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("Acquire cancelled while waiting = (%v, %v), want context.Canceled", r.lease, r.err)
+	}
+	mustRelease(t, held)
+	s.assertFree(t, p, key, "after the waiters gave up and the holder released")
+}
+
+func (s *suite) badInput(t *testing.T) {
+	p := s.newProvider(t)
+	ctx := s.ctx(t)
+	check := func(what string, l tenace.LockLease, err, want error) {
+		t.Helper()
+		if l != nil {
+			t.Fatalf("%s: granted a lease", what)
+		}
+		if !errors.Is(err, want) {
+			t.Fatalf("%s: error %v, want one wrapping %v", what, err, want)
+		}
+	}
+	l, err := p.Acquire(ctx, "", tenace.LockAcquireOptions{})
+	check("empty key", l, err, tenace.ErrMissingKey)
+	key := s.key(t)
+	l, err = p.Acquire(ctx, key, tenace.LockAcquireOptions{Timeout: -2 * time.Second})
+	check("negative Timeout", l, err, tenace.ErrInvalidOption)
+	l, err = p.Acquire(ctx, key, tenace.LockAcquireOptions{TTL: -time.Second})
+	check("negative TTL", l, err, tenace.ErrInvalidOption)
+	s.assertFree(t, p, key, "after refused Acquires")
+}
+
+func (s *suite) grantAfterRelease(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	held := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	ch := acquireAsync(s.ctx(t), p, key, tenace.LockAcquireOptions{})
+	select {
+	case r := <-ch:
+		t.Fatalf("a waiter returned (%v, %v) while the key was held", r.lease, r.err)
+	default:
+	}
+	mustRelease(t, held)
+	r := s.wait(t, ch, "waiter after the release")
+	if r.err != nil || r.lease == nil {
+		t.Fatalf("waiter after the release = (%v, %v), want a lease", r.lease, r.err)
+	}
+	mustRelease(t, r.lease)
+}
+
+func (s *suite) releaseIdempotent(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	l := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	mustRelease(t, l)
+	next := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatalf("second Release of a released lease = %v, want nil", err)
+	}
+	s.assertHeld(t, p, key, "a second Release of an old lease must not release the next holder")
+	mustRelease(t, next)
+	s.assertFree(t, p, key, "after the next holder released")
+}
+
+func (s *suite) mutualExclusion(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	const workers, rounds = 8, 25
+	var inside, total atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	ctx := s.ctx(t)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				l, err := p.Acquire(ctx, key, tenace.LockAcquireOptions{})
+				if err != nil || l == nil {
+					errs <- fmt.Errorf("acquire = (%v, %v)", l, err)
+					return
+				}
+				if n := inside.Add(1); n != 1 {
+					errs <- fmt.Errorf("%d holders at once", n)
+				}
+				total.Add(1)
+				inside.Add(-1)
+				if err := l.Release(context.Background()); err != nil {
+					errs <- fmt.Errorf("release: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if total.Load() != workers*rounds {
+		t.Fatalf("%d grants, want %d", total.Load(), workers*rounds)
+	}
+	s.assertFree(t, p, key, "after every worker released")
+}
+
+func (s *suite) noLeak(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	held := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	var chans []<-chan result
+	for i := range 10 {
+		switch i % 3 {
+		case 0:
+			chans = append(chans, acquireAsync(s.ctx(t), p, key, tenace.LockAcquireOptions{Timeout: 20 * time.Millisecond}))
+		case 1:
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+			t.Cleanup(cancel)
+			chans = append(chans, acquireAsync(ctx, p, key, tenace.LockAcquireOptions{}))
+		case 2:
+			ctx, cancel := context.WithCancel(context.Background())
+			chans = append(chans, acquireAsync(ctx, p, key, tenace.LockAcquireOptions{}))
+			cancel()
+		}
+	}
+	for i, ch := range chans {
+		r := s.wait(t, ch, "a waiter that gives up")
+		if r.lease != nil {
+			t.Fatalf("waiter %d was granted while the key was held", i)
+		}
+		if i%3 == 0 && r.err != nil {
+			t.Fatalf("waiter %d with a Timeout: error %v, want (nil, nil)", i, r.err)
+		}
+		if i%3 != 0 && r.err == nil {
+			t.Fatalf("waiter %d whose ctx ended: no error, want ctx's error", i)
+		}
+	}
+	mustRelease(t, held)
+	s.assertFree(t, p, key, "right after the holder released, with every waiter gone")
+	if sp, ok := p.(tenace.StatsProvider); ok && s.caps.ExactStats {
+		s.eventually(t, "Stats().Waiting == 0 after the waiters left", func() bool { return sp.Stats().Waiting == 0 })
+	}
+}
+
+// cancelRacingGrant cancels a waiter at the moment the holder releases, many
+// times: whoever wins, the key must be left free (or held by the waiter,
+// which then releases it) — never held by nobody.
+func (s *suite) cancelRacingGrant(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	granted, gaveUp := 0, 0
+	for range 50 {
+		held := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+		ctx, cancel := context.WithCancel(context.Background())
+		ch := acquireAsync(ctx, p, key, tenace.LockAcquireOptions{})
+		released := make(chan struct{})
+		go func() {
+			_ = held.Release(context.Background())
+			close(released)
+		}()
+		cancel()
+		r := s.wait(t, ch, "a waiter cancelled as the lock is released")
+		<-released
+		switch {
+		case r.lease != nil:
+			granted++
+			mustRelease(t, r.lease)
+		case errors.Is(r.err, context.Canceled):
+			gaveUp++
+		default:
+			t.Fatalf("waiter cancelled as the lock was released = (%v, %v), want a lease or context.Canceled", r.lease, r.err)
+		}
+		s.assertFree(t, p, key, "after a cancel raced a grant")
+	}
+	t.Logf("cancel racing a grant: granted %d, gave up %d", granted, gaveUp)
+}
+
+func (s *suite) distinctKeys(t *testing.T) {
+	p := s.newProvider(t)
+	a, b := s.key(t), s.key(t)
+	la := s.mustAcquire(t, p, a, tenace.LockAcquireOptions{})
+	lb := s.mustAcquire(t, p, b, tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+	mustRelease(t, la)
+	mustRelease(t, lb)
+}
+
+func (s *suite) policy(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	var events []string
+	var mu sync.Mutex
+	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Timeout: s.caps.WaitBound}).OnEvent(func(e tenace.Event) {
+		mu.Lock()
+		events = append(events, e.Name)
+		mu.Unlock()
+	})
+	ran := false
+	err := pol.Execute(s.ctx(t), func(ctx context.Context) error {
+		ran = true
+		l, ok := tenace.LeaseFrom(ctx)
+		if !ok || l == nil {
+			return errors.New("LeaseFrom found no lease inside fn")
+		}
+		s.assertHeld(t, p, key, "inside fn")
+		return nil
+	}, tenace.WithKey(key))
+	if err != nil || !ran {
+		t.Fatalf("Execute = %v (ran %v), want nil and fn run", err, ran)
+	}
+	mu.Lock()
+	got := fmt.Sprint(events)
+	mu.Unlock()
+	if want := fmt.Sprint([]string{tenace.EventLockAcquired, tenace.EventLockReleased}); got != want {
+		t.Fatalf("events %s, want %s", got, want)
+	}
+	s.assertFree(t, p, key, "after Execute returned")
+
+	held := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	defer mustRelease(t, held)
+	err = tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Timeout: tenace.NoWait}).
+		Execute(s.ctx(t), func(context.Context) error { t.Error("fn ran while the key was held"); return nil }, tenace.WithKey(key))
+	var nae *tenace.LockNotAcquiredError
+	if !errors.As(err, &nae) {
+		t.Fatalf("Execute with NoWait on a held key = %v, want *LockNotAcquiredError", err)
+	}
+}
+
+func (s *suite) stats(t *testing.T, p tenace.LockProvider) tenace.StatsProvider {
+	t.Helper()
+	sp, ok := p.(tenace.StatsProvider)
+	if !ok {
+		t.Fatalf("%T does not implement tenace.StatsProvider", p)
+	}
+	return sp
+}
+
+// eventually waits, within WaitBound, for cond: for a state the provider
+// reaches on its own once it settles (a shard applying its queued messages).
+func (s *suite) eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(s.caps.WaitBound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, s.caps.WaitBound)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (s *suite) fifo(t *testing.T) {
+	p := s.newProvider(t)
+	sp := s.stats(t, p)
+	key := s.key(t)
+	held := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	const n = 5
+	base := sp.Stats().Waiting
+	order := make(chan int, n)
+	var wg sync.WaitGroup
+	ctx := s.ctx(t)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := p.Acquire(ctx, key, tenace.LockAcquireOptions{})
+			if err != nil || l == nil {
+				t.Errorf("waiter %d: (%v, %v)", i, l, err)
+				order <- -1
+				return
+			}
+			order <- i
+			_ = l.Release(context.Background())
+		}()
+		// The next waiter starts only once this one is in the queue.
+		s.eventually(t, fmt.Sprintf("waiter %d queued", i), func() bool { return sp.Stats().Waiting >= base+i+1 })
+	}
+	mustRelease(t, held)
+	wg.Wait()
+	close(order)
+	want := 0
+	for got := range order {
+		if got != want {
+			t.Fatalf("waiter %d was granted in place %d: not arrival order", got, want)
+		}
+		want++
+	}
+}
+
+func (s *suite) exactStats(t *testing.T) {
+	p := s.newProvider(t)
+	sp := s.stats(t, p)
+	idle := func() bool { st := sp.Stats(); return st.Held == 0 && st.Waiting == 0 && st.LongestQueue == 0 }
+	s.eventually(t, "Stats zero on a new provider", idle)
+	key := s.key(t)
+	held := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	s.eventually(t, "Stats().Held == 1 while one key is held", func() bool { return sp.Stats().Held == 1 })
+	ctx, cancel := context.WithCancel(context.Background())
+	ch1 := acquireAsync(ctx, p, key, tenace.LockAcquireOptions{})
+	ch2 := acquireAsync(ctx, p, key, tenace.LockAcquireOptions{})
+	s.eventually(t, "Stats {Held 1, Waiting 2, LongestQueue 2} with two waiters", func() bool {
+		st := sp.Stats()
+		return st.Held == 1 && st.Waiting == 2 && st.LongestQueue == 2
+	})
+	cancel()
+	s.wait(t, ch1, "cancelled waiter")
+	s.wait(t, ch2, "cancelled waiter")
+	mustRelease(t, held)
+	s.eventually(t, "Stats zero once idle", idle)
+}
+
+func (s *suite) fencing(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	var last uint64
+	next := func(l tenace.LockLease) {
+		t.Helper()
+		f, ok := l.(tenace.FencedLease)
+		if !ok {
+			t.Fatalf("lease %T is not a tenace.FencedLease", l)
+		}
+		if tok := f.Token(); tok <= last {
+			t.Fatalf("token %d after %d: not strictly increasing", tok, last)
+		} else {
+			last = tok
+		}
+	}
+	for range 5 {
+		l := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+		next(l)
+		mustRelease(t, l)
+	}
+	// Under contention: grants in the order they happen, tokens in the same
+	// order. Each holder records its token before releasing.
+	var mu sync.Mutex
+	var tokens []uint64
+	var wg sync.WaitGroup
+	ctx := s.ctx(t)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 5 {
+				l, err := p.Acquire(ctx, key, tenace.LockAcquireOptions{})
+				if err != nil || l == nil {
+					t.Errorf("Acquire = (%v, %v)", l, err)
+					return
+				}
+				mu.Lock()
+				tokens = append(tokens, l.(tenace.FencedLease).Token())
+				mu.Unlock()
+				_ = l.Release(context.Background())
+			}
+		}()
+	}
+	wg.Wait()
+	for i, tok := range tokens {
+		if tok <= last {
+			t.Fatalf("grant %d under contention has token %d after %d: not strictly increasing", i, tok, last)
+		}
+		last = tok
+	}
+}
+
+func (s *suite) losable(t *testing.T) {
+	p := s.newProvider(t)
+	l := s.mustAcquire(t, p, s.key(t), tenace.LockAcquireOptions{})
+	ll, ok := l.(tenace.LosableLease)
+	if !ok {
+		t.Fatalf("lease %T is not a tenace.LosableLease", l)
+	}
+	if first, again := ll.Lost(), ll.Lost(); first != again {
+		t.Fatal("Lost returns a different channel on each call")
+	}
+	select {
+	case <-ll.Lost():
+		t.Fatalf("a fresh lease is already lost: %v", ll.Err())
+	default:
+	}
+	if err := ll.Err(); err != nil {
+		t.Fatalf("a fresh lease's Err = %v, want nil", err)
+	}
+	mustRelease(t, l)
+	if err := ll.Err(); err != nil {
+		t.Fatalf("Err after a normal Release = %v, want nil", err)
+	}
+}
+
+// waitLost waits, within WaitBound, for l to be lost, and checks its Err.
+func (s *suite) waitLost(t *testing.T, l tenace.LockLease, want error) {
+	t.Helper()
+	ll, ok := l.(tenace.LosableLease)
+	if !ok {
+		t.Fatalf("lease %T is not a tenace.LosableLease", l)
+	}
+	select {
+	case <-ll.Lost():
+	case <-time.After(s.caps.WaitBound):
+		t.Fatalf("the lease was not reported lost within %v", s.caps.WaitBound)
+	}
+	if err := ll.Err(); !errors.Is(err, want) {
+		t.Fatalf("lost lease's Err = %v, want one wrapping %v", err, want)
+	}
+}
+
+func (s *suite) ttl(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	ttl := s.caps.MinTTL
+	start := time.Now()
+	l := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{TTL: ttl})
+	s.waitLost(t, l, tenace.ErrLeaseExpired)
+	if d := time.Since(start); d > ttl+s.caps.WaitBound {
+		t.Fatalf("lost after %v, TTL %v", d, ttl)
+	}
+	// Someone else gets the key once the TTL has run out on the server too.
+	next := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{Timeout: s.caps.WaitBound})
+	if err := l.Release(context.Background()); !errors.Is(err, tenace.ErrLeaseLost) && err != nil {
+		t.Fatalf("Release of an expired lease = %v, want nil or an error wrapping ErrLeaseLost", err)
+	}
+	s.assertHeld(t, p, key, "the expired lease's Release must not touch the next holder")
+	mustRelease(t, next)
+
+	// Through a Lock: fn's context ends with ErrLeaseExpired.
+	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, TTL: ttl}).Execute(s.ctx(t), func(ctx context.Context) error {
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(s.caps.WaitBound + ttl):
+			return errors.New("fn's context did not end at the lease's TTL")
+		}
+	}, tenace.WithKey(key))
+	if !errors.Is(err, tenace.ErrLeaseExpired) {
+		t.Fatalf("fn under a lease that reached its TTL returned %v, want its ctx's cause ErrLeaseExpired", err)
+	}
+}
+
+func (s *suite) lost(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	l := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	s.caps.Lose(t, l)
+	s.waitLost(t, l, tenace.ErrLeaseLost)
+	if err := l.Release(context.Background()); err != nil && !errors.Is(err, tenace.ErrLeaseLost) {
+		t.Fatalf("Release after a loss = %v, want nil or an error wrapping ErrLeaseLost", err)
+	}
+	s.eventually(t, "key free after the loss", func() bool {
+		l, err := p.Acquire(s.ctx(t), key, tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+		if l != nil {
+			_ = l.Release(context.Background())
+		}
+		return err == nil && l != nil
+	})
+
+	// Through a Lock: fn's context ends with the lease's error as cause, and
+	// lock.lost is emitted.
+	var lostEvents atomic.Int32
+	started := make(chan tenace.LockLease, 1)
+	done := make(chan error, 1)
+	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p}).OnEvent(func(e tenace.Event) {
+		if e.Name == tenace.EventLockLost {
+			lostEvents.Add(1)
+		}
+	})
+	go func() {
+		done <- pol.Execute(s.ctx(t), func(ctx context.Context) error {
+			l, _ := tenace.LeaseFrom(ctx)
+			started <- l
+			<-ctx.Done()
+			return context.Cause(ctx)
+		}, tenace.WithKey(key))
+	}()
+	var inner tenace.LockLease
+	select {
+	case inner = <-started:
+	case err := <-done:
+		t.Fatalf("Execute returned %v before fn ran", err)
+	case <-time.After(s.caps.WaitBound):
+		t.Fatal("fn did not start")
+	}
+	s.caps.Lose(t, inner)
+	select {
+	case err := <-done:
+		if !errors.Is(err, tenace.ErrLeaseLost) {
+			t.Fatalf("fn under a lost lease returned %v, want its ctx's cause wrapping ErrLeaseLost", err)
+		}
+	case <-time.After(s.caps.WaitBound):
+		t.Fatalf("fn's context did not end within %v of the loss", s.caps.WaitBound)
+	}
+	if n := lostEvents.Load(); n != 1 {
+		t.Fatalf("%d lock.lost events, want 1", n)
+	}
+}
+
+func (s *suite) staleRelease(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	var old tenace.LockLease
+	if s.caps.Lose != nil {
+		old = s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+		s.caps.Lose(t, old)
+		s.waitLost(t, old, tenace.ErrLeaseLost)
+	} else {
+		old = s.mustAcquire(t, p, key, tenace.LockAcquireOptions{TTL: s.caps.MinTTL})
+		s.waitLost(t, old, tenace.ErrLeaseExpired)
+	}
+	next := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{Timeout: s.caps.WaitBound})
+	for range 2 {
+		if err := old.Release(context.Background()); err != nil && !errors.Is(err, tenace.ErrLeaseLost) {
+			t.Fatalf("stale Release = %v, want nil or an error wrapping ErrLeaseLost", err)
+		}
+	}
+	s.assertHeld(t, p, key, "a stale Release after a takeover must not touch the new holder")
+	mustRelease(t, next)
+	s.assertFree(t, p, key, "after the new holder released")
+}
