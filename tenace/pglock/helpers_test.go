@@ -89,7 +89,7 @@ func locks(t *testing.T, srv *pgtest.Server, key string) string {
 	t.Helper()
 	return srv.MustExec(t, fmt.Sprintf(`SELECT coalesce(string_agg(l.pid || ':' || l.granted, ' ' ORDER BY l.pid), '')
 FROM pg_locks l JOIN tenace_lock_keys k ON l.objid = k.id::oid
-WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.classid = 'tenace_lock_keys'::regclass::oid AND k.key = %s`, quote(key)))
+WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.classid = 'tenace_lock_keys'::regclass::oid AND k.key = convert_to(%s, 'UTF8')`, quote(key)))
 }
 
 // waiters returns how many sessions wait for the key's lock.

@@ -23,7 +23,7 @@ import (
 // watcher, which owns conn's reads while it runs; the ender stops it (a read
 // deadline in the past) and waits for watchDone before using conn.
 type lease struct {
-	leaseSignal
+	tenace.LeaseSignal
 	p     *Provider
 	conn  *pgxpool.Conn
 	key   string
@@ -35,8 +35,8 @@ type lease struct {
 	stopping  atomic.Bool  // set by the ender before it stops the watcher
 	reported  atomic.Bool  // a Release has returned the loss
 	watchDone chan struct{}
-	watchErr  error // what ended the watcher; written before watchDone closes
-	stopTTL   func() bool
+	watchErr  error                       // what ended the watcher; written before watchDone closes
+	stopTTL   atomic.Pointer[func() bool] // set once the TTL timer runs
 }
 
 const (
@@ -46,40 +46,46 @@ const (
 )
 
 var (
-	_ tenace.FencedLease = (*lease)(nil)
+	_ tenace.FencedLease  = (*lease)(nil)
+	_ tenace.LosableLease = (*lease)(nil)
 )
 
-// grant turns conn, whose session now holds the lock of key, into a lease.
+// grant turns conn, whose session now holds the lock of key, into a lease,
+// which owns conn and its connection slot from here, even when grant
+// fails (the provider was closed meanwhile: the lease ends at once).
 func (p *Provider) grant(conn *pgxpool.Conn, key string, id int32, fence uint64, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
 	l := &lease{p: p, conn: conn, key: key, id: id, token: fence, pid: conn.Conn().PgConn().PID(), watchDone: make(chan struct{})}
 	l.state.Store(leaseHeld)
 	p.held.Add(1)
+	// The watcher runs before anyone can end the lease: an ender waits for
+	// it to stop.
 	go l.watch()
+	p.mu.Lock()
+	if p.isEnded {
+		p.mu.Unlock()
+		l.end(fmt.Errorf("%w: the provider was closed as the lock on %q was granted", tenace.ErrLeaseLost, key))
+		return nil, p.closedErr()
+	}
+	p.leases[l] = struct{}{}
+	p.mu.Unlock()
 	ttl := opts.TTL
 	if ttl == 0 {
 		ttl = p.ttl
 	}
 	if ttl > 0 {
-		// The timer's own end does not stop the timer (it may run before
-		// stopTTL is set); every other ender runs after grant returns or
-		// registers the lease, both after stopTTL is set.
+		// An ender that comes before stopTTL is set finds no timer to stop;
+		// the timer then finds the lease ended and does nothing.
 		expired := func() {
-			l.end(fmt.Errorf("%w: pglock: the lock on %q reached its TTL of %v and was released", errLeaseExpired, key, ttl), false)
+			l.end(fmt.Errorf("%w: pglock: the lock on %q reached its TTL of %v and was released", tenace.ErrLeaseExpired, key, ttl))
 		}
+		var stop func() bool
 		if opts.Clock == nil {
-			l.stopTTL = time.AfterFunc(ttl, expired).Stop
+			stop = time.AfterFunc(ttl, expired).Stop
 		} else {
-			l.stopTTL = opts.Clock.AfterFunc(ttl, expired)
+			stop = opts.Clock.AfterFunc(ttl, expired)
 		}
+		l.stopTTL.Store(&stop)
 	}
-	p.mu.Lock()
-	if p.isEnded {
-		p.mu.Unlock()
-		l.end(fmt.Errorf("%w: the provider was closed as the lock on %q was granted", errLeaseLost, key), true)
-		return nil, p.closedErr()
-	}
-	p.leases[l] = struct{}{}
-	p.mu.Unlock()
 	return l, nil
 }
 
@@ -104,7 +110,7 @@ func (l *lease) Release(ctx context.Context) error {
 		}
 		return nil
 	}
-	return l.finish(ctx, nil, true)
+	return l.finish(ctx, nil)
 }
 
 // reported is set by the first Release that returned the loss.
@@ -112,11 +118,11 @@ func (l *lease) reportLoss() bool { return l.reported.CompareAndSwap(false, true
 
 // end ends the lease as lost with cause (wrapping the lost error), if it is
 // still held: the TTL timer, the provider's Close.
-func (l *lease) end(cause error, stopTTL bool) {
+func (l *lease) end(cause error) {
 	if l.state.CompareAndSwap(leaseHeld, leaseEnded) {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer cancel()
-		_ = l.finish(ctx, cause, stopTTL)
+		_ = l.finish(ctx, cause)
 	}
 }
 
@@ -125,12 +131,12 @@ func (l *lease) end(cause error, stopTTL bool) {
 // discard the connection) and give the connection back. cause, when not
 // nil, is why the lease is lost (TTL, Close): the lost signal fires first,
 // so that fn's context ends before the lock is released.
-func (l *lease) finish(ctx context.Context, cause error, stopTTL bool) error {
+func (l *lease) finish(ctx context.Context, cause error) error {
 	if cause != nil {
 		l.Lose(cause)
 	}
-	if stopTTL && l.stopTTL != nil {
-		l.stopTTL()
+	if stop := l.stopTTL.Load(); stop != nil {
+		(*stop)()
 	}
 	defer l.p.forget(l)
 	l.stopping.Store(true)
@@ -172,7 +178,7 @@ func (p *Provider) forget(l *lease) {
 }
 
 func (l *lease) lostErr(err error) error {
-	return fmt.Errorf("%w: pglock: the connection holding the lock on %q (backend %d) ended: %v; the server released the lock with the session, and another caller may hold it now", errLeaseLost, l.key, l.pid, err)
+	return fmt.Errorf("%w: pglock: the connection holding the lock on %q (backend %d) ended: %v; the server released the lock with the session, and another caller may hold it now", tenace.ErrLeaseLost, l.key, l.pid, err)
 }
 
 // watch waits on the pinned connection, which is idle while the lock is

@@ -2,9 +2,7 @@ package pglock_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -31,8 +29,9 @@ func TestAcquireReleaseShowsInPgLocks(t *testing.T) {
 func TestExactStringKeys(t *testing.T) {
 	srv := server(t)
 	p := newProvider(t, srv)
-	// Keys that a hash or a normalisation could confuse are distinct locks.
-	keys := []string{keyOf(t, "a"), keyOf(t, "A"), keyOf(t, "a "), keyOf(t, "é"), keyOf(t, "e\u0301"), keyOf(t, "a\x00b"[:1])}
+	// Keys that a hash, a collation or a normalisation could confuse are
+	// distinct locks; any Go string is a key (a NUL byte, invalid UTF-8).
+	keys := []string{keyOf(t, "a"), keyOf(t, "A"), keyOf(t, "a "), keyOf(t, "é"), keyOf(t, "e\u0301"), keyOf(t, "a\x00b"), keyOf(t, "\xff\xfe")}
 	var held []tenace.LockLease
 	for _, k := range keys {
 		l, err := p.Acquire(bg, k, tenace.LockAcquireOptions{Timeout: tenace.NoWait})
@@ -259,7 +258,7 @@ func TestStats(t *testing.T) {
 	l := mustAcquire(t, p, key, tenace.LockAcquireOptions{})
 	r := acquireAsync(bg, p, key, tenace.LockAcquireOptions{})
 	waitForWaiters(t, srv, key, 1)
-	require.Equal(t, tenace.LockStats{Held: 1, Waiting: 1}, p.Stats())
+	require.Equal(t, tenace.LockStats{Held: 1, Waiting: 1, LongestQueue: 1}, p.Stats())
 	require.NoError(t, l.Release(bg))
 	res := <-r
 	require.NoError(t, res.err)
@@ -286,6 +285,3 @@ func TestCloseEndsLeasesAndWaiters(t *testing.T) {
 	require.NoError(t, p.Close(), "idempotent")
 	require.Equal(t, "", locks(t, srv, key))
 }
-
-var _ = errors.Is
-var _ = strconv.Itoa

@@ -54,16 +54,70 @@ type Provider struct {
 
 	held    atomic.Int64 // leases held through this provider
 	waiting atomic.Int64 // callers inside Acquire
+	longest atomic.Int64 // most callers inside Acquire for one key
 
 	closed  context.Context // ends when Close is called; its cause is ErrProviderClosed
 	close   context.CancelCauseFunc
-	mu      sync.Mutex          // guards leases and isClosed
+	mu      sync.Mutex          // guards leases, isEnded and queues
 	leases  map[*lease]struct{} // held leases, for Close
 	isEnded bool
+	queues  queues
 	ended   sync.Once
 }
 
-var _ tenace.LockProvider = (*Provider)(nil)
+// queues counts the callers inside Acquire per key, so that Stats can say
+// the longest queue in O(1): keysWith[n] is the number of keys with n
+// callers, and longest the largest n with keysWith[n] > 0.
+type queues struct {
+	perKey   map[string]int
+	keysWith []int
+	longest  int
+}
+
+func (q *queues) add(key string, d int) {
+	if q.perKey == nil {
+		q.perKey = map[string]int{}
+	}
+	n := q.perKey[key]
+	if n > 0 {
+		q.keysWith[n]--
+	}
+	n += d
+	if n == 0 {
+		delete(q.perKey, key)
+	} else {
+		q.perKey[key] = n
+		for len(q.keysWith) <= n {
+			q.keysWith = append(q.keysWith, 0)
+		}
+		q.keysWith[n]++
+	}
+	q.longest = max(q.longest, n)
+	for q.longest > 0 && q.keysWith[q.longest] == 0 {
+		q.longest--
+	}
+}
+
+func (p *Provider) queue(key string, d int) {
+	p.mu.Lock()
+	p.queues.add(key, d)
+	p.longest.Store(int64(p.queues.longest))
+	p.waiting.Add(int64(d))
+	p.mu.Unlock()
+}
+
+// Stats reports the leases held through this provider and the callers
+// waiting in this process (inside Acquire, whether for a connection or on
+// the server's lock queue), and the most of those waiting for one key. It
+// is three atomic loads.
+func (p *Provider) Stats() tenace.LockStats {
+	return tenace.LockStats{Held: int(p.held.Load()), Waiting: int(p.waiting.Load()), LongestQueue: int(p.longest.Load())}
+}
+
+var (
+	_ tenace.LockProvider  = (*Provider)(nil)
+	_ tenace.StatsProvider = (*Provider)(nil)
+)
 
 type settings struct {
 	table       string
@@ -139,7 +193,7 @@ func Schema(table string) string { return schema(sanitize(table)) }
 func schema(table string) string {
 	return `CREATE TABLE IF NOT EXISTS ` + table + ` (
 	id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-	key text NOT NULL UNIQUE,
+	key bytea NOT NULL UNIQUE,
 	fence bigint NOT NULL DEFAULT 0
 )`
 }
@@ -275,7 +329,7 @@ func (p *Provider) prepareSQL() {
 // whose wait was cut short is closed, which ends its session and with it
 // any lock the server granted at that moment.
 func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
-	if err := validateAcquire(key, opts); err != nil {
+	if err := tenace.ValidateAcquire(key, opts); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -284,10 +338,10 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	if p.closed.Err() != nil {
 		return nil, p.closedErr()
 	}
-	p.waiting.Add(1)
-	defer p.waiting.Add(-1)
+	p.queue(key, 1)
+	defer p.queue(key, -1)
 
-	actx, cancel := acquireContext(ctx, opts)
+	actx, cancel := tenace.AcquireContext(ctx, opts)
 	defer cancel()
 	// The provider's Close ends every wait.
 	wctx, wcancel := context.WithCancelCause(actx)
@@ -308,9 +362,11 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 			return p.waitEnded(ctx, wctx)
 		}
 	}
-	granted := false
+	// From here the slot is the connection's: when the call ends without a
+	// lease, it goes back here; a lease gives it back when it ends.
+	leased := false
 	defer func() {
-		if !granted {
+		if !leased {
 			<-p.slots
 		}
 	}()
@@ -322,17 +378,15 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 		}
 		return nil, fmt.Errorf("pglock: connecting to PostgreSQL: %w", err)
 	}
-	l, err := p.lock(ctx, wctx, conn, key, opts)
-	if l != nil {
-		granted = true
-	}
+	var l tenace.LockLease
+	l, leased, err = p.lock(ctx, wctx, conn, key, opts)
 	return l, err
 }
 
 // lock runs the acquire statement on conn, which it owns from here: it
 // either becomes the lease's, goes back to the pool holding nothing, or is
 // discarded.
-func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key string, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
+func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key string, opts tenace.LockAcquireOptions) (_ tenace.LockLease, leased bool, _ error) {
 	sql := p.lockSQL
 	if opts.Timeout == tenace.NoWait {
 		sql = p.tryLockSQL
@@ -341,7 +395,7 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 		var id *int32
 		var locked bool
 		var fence *int64
-		err := conn.QueryRow(wctx, sql, key, p.classID).Scan(&id, &locked, &fence)
+		err := conn.QueryRow(wctx, sql, []byte(key), p.classID).Scan(&id, &locked, &fence)
 		switch {
 		case err != nil:
 			// Unknown outcome: the statement may have taken the lock
@@ -350,31 +404,34 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 			p.unlockAll(conn)
 			discard(conn)
 			if wctx.Err() != nil {
-				return p.waitEnded(ctx, wctx)
+				l, err := p.waitEnded(ctx, wctx)
+				return l, false, err
 			}
-			return nil, fmt.Errorf("pglock: acquiring %q: %w", key, err)
+			return nil, false, fmt.Errorf("pglock: acquiring %q: %w", key, err)
 		case id == nil && !registered:
-			if _, err := conn.Exec(wctx, p.registerSQL, key); err != nil {
+			if _, err := conn.Exec(wctx, p.registerSQL, []byte(key)); err != nil {
 				discard(conn)
 				if wctx.Err() != nil {
-					return p.waitEnded(ctx, wctx)
+					l, err := p.waitEnded(ctx, wctx)
+					return l, false, err
 				}
-				return nil, fmt.Errorf("pglock: registering the key %q in %s: %w", key, p.table, err)
+				return nil, false, fmt.Errorf("pglock: registering the key %q in %s: %w", key, p.table, err)
 			}
 			continue
 		case id == nil:
 			conn.Release()
-			return nil, fmt.Errorf("pglock: the key %q vanished from %s as it was registered; is something deleting its rows?", key, p.table)
+			return nil, false, fmt.Errorf("pglock: the key %q vanished from %s as it was registered; is something deleting its rows?", key, p.table)
 		case !locked:
 			// The try failed: the session holds nothing.
 			conn.Release()
-			return nil, nil
+			return nil, false, nil
 		case fence == nil:
 			p.unlockAll(conn)
 			discard(conn)
-			return nil, fmt.Errorf("pglock: the row of key %q vanished from %s while it was locked; rows must never be deleted", key, p.table)
+			return nil, false, fmt.Errorf("pglock: the row of key %q vanished from %s while it was locked; rows must never be deleted", key, p.table)
 		}
-		return p.grant(conn, key, *id, uint64(*fence), opts)
+		l, err := p.grant(conn, key, *id, uint64(*fence), opts)
+		return l, true, err
 	}
 }
 
@@ -397,7 +454,7 @@ func (p *Provider) waitEnded(ctx, wctx context.Context) (tenace.LockLease, error
 		return nil, err
 	}
 	cause := context.Cause(wctx)
-	if errors.Is(cause, errAcquireTimeout) {
+	if errors.Is(cause, tenace.ErrAcquireTimeout) {
 		return nil, nil
 	}
 	if errors.Is(cause, tenace.ErrProviderClosed) {
@@ -426,7 +483,7 @@ func (p *Provider) Close() error {
 		}
 		p.mu.Unlock()
 		for _, l := range held {
-			l.end(fmt.Errorf("%w: the provider was closed while the lock on %q was held", errLeaseLost, l.key), true)
+			l.end(fmt.Errorf("%w: the provider was closed while the lock on %q was held", tenace.ErrLeaseLost, l.key))
 		}
 		p.pool.Close()
 	})
