@@ -3,8 +3,10 @@ package pglock
 import (
 	"context"
 	"net"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -30,38 +32,76 @@ const cleanupTimeout = 5 * time.Second
 // server ends the session, which releases its locks.
 var DefaultKeepalive = net.KeepAliveConfig{Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3}
 
+// cancelRepeat is how often a cancel request is sent again while the
+// statement has not ended (see cancelHandler).
+const cancelRepeat = 20 * time.Millisecond
+
 // cancelHandler is the pgconn context handler of the provider's
 // connections. When a statement's context ends, it sends the server a
-// cancel request (so that a waiting pg_advisory_lock stops waiting on the
-// server, instead of being abandoned there to take the lock later), and
-// sets a deadline of cancelGrace on the socket as a fallback. pgx's own
-// CancelRequestContextWatcherHandler does the same but then sleeps 100 ms on
-// every cancellation, to keep a late cancel from hitting the connection's
+// cancel request, so that a waiting pg_advisory_lock stops waiting on the
+// server instead of being abandoned there to take the lock later; and sets
+// a deadline of cancelGrace on the socket as a fallback (then pgconn closes
+// the connection).
+//
+// It sends the cancel again every cancelRepeat until the statement ends: a
+// cancel request travels on a connection of its own, and one that reaches
+// the backend before the statement does is ignored (the backend is idle),
+// which would leave the statement waiting on the server after the client
+// gave up — a waiter nobody waits for, which takes the lock when its turn
+// comes. pgx's own CancelRequestContextWatcherHandler sends one cancel and
+// then sleeps 100 ms, to keep a late cancel from hitting the connection's
 // next statement; this provider never reuses a connection whose statement
-// saw its context end (see discard), so it needs no sleep.
+// saw its context end (see discard), so it needs neither.
+//
+// No cancel is sent before the connection's startup has finished (ready,
+// set by the pool's AfterConnect): the backend's key is not known yet, and
+// there is no statement to cancel.
 type cancelHandler struct {
-	conn *pgconn.PgConn
-	done chan struct{} // closed when the cancel request is over
+	conn  *pgconn.PgConn
+	ready atomic.Bool
+	// Owned by pgconn's context watcher, which calls HandleCancel and then
+	// HandleUnwatchAfterCancel in sequence.
+	stop context.CancelFunc
+	done chan struct{} // closed when the cancel requests are over
 }
 
 var _ ctxwatch.Handler = (*cancelHandler)(nil)
 
 func (h *cancelHandler) HandleCancel(context.Context) {
-	_ = h.conn.Conn().SetDeadline(time.Now().Add(cancelGrace))
+	deadline := time.Now().Add(cancelGrace)
+	_ = h.conn.Conn().SetDeadline(deadline)
+	ctx, stop := context.WithDeadline(context.Background(), deadline)
 	done := make(chan struct{})
-	h.done = done
+	h.stop, h.done = stop, done
+	if !h.ready.Load() {
+		close(done)
+		return
+	}
 	go func() {
 		defer close(done)
-		ctx, cancel := context.WithTimeout(context.Background(), cancelGrace)
-		defer cancel()
-		_ = h.conn.CancelRequest(ctx)
+		t := time.NewTimer(cancelRepeat)
+		defer t.Stop()
+		for {
+			_ = h.conn.CancelRequest(ctx)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				t.Reset(cancelRepeat)
+			}
+		}
 	}()
 }
 
 func (h *cancelHandler) HandleUnwatchAfterCancel() {
+	h.stop()
 	<-h.done
 	_ = h.conn.Conn().SetDeadline(time.Time{})
 }
+
+// handlerKey is where a connection's CustomData keeps its cancelHandler,
+// for the pool's AfterConnect to mark it ready.
+const handlerKey = "tenace.dev/tenace/pglock.cancelHandler"
 
 // configure turns the caller's pool configuration into the provider's:
 // its own bound, the cancel handler, keepalives on both ends, and session
@@ -72,7 +112,21 @@ func configure(cfg *pgxpool.Config, maxConns int, ka net.KeepAliveConfig) {
 		cfg.MinConns = cfg.MaxConns
 	}
 	cc := cfg.ConnConfig
-	cc.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler { return &cancelHandler{conn: c} }
+	cc.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		h := &cancelHandler{conn: c}
+		c.CustomData()[handlerKey] = h
+		return h
+	}
+	after := cfg.AfterConnect
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if h, ok := c.PgConn().CustomData()[handlerKey].(*cancelHandler); ok {
+			h.ready.Store(true)
+		}
+		if after != nil {
+			return after(ctx, c)
+		}
+		return nil
+	}
 	dial := cc.DialFunc
 	cc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)

@@ -391,7 +391,8 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 	if opts.Timeout == tenace.NoWait {
 		sql = p.tryLockSQL
 	}
-	for registered := false; ; registered = true {
+	registered, reconnected := false, false
+	for {
 		var id *int32
 		var locked bool
 		var fence *int64
@@ -401,11 +402,27 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 			// Unknown outcome: the statement may have taken the lock
 			// before it failed or was cancelled. Release whatever the
 			// session holds, and never reuse the connection.
+			dead := conn.Conn().IsClosed()
 			p.unlockAll(conn)
 			discard(conn)
 			if wctx.Err() != nil {
 				l, err := p.waitEnded(ctx, wctx)
 				return l, false, err
+			}
+			if dead && !reconnected {
+				// The connection had died (the pool's idle connections
+				// after a server restart, a backend terminated while
+				// waiting): try once more on a new one. Its session is
+				// gone, and with it anything it held.
+				reconnected = true
+				if conn, err = p.pool.Acquire(wctx); err != nil {
+					if wctx.Err() != nil {
+						l, err := p.waitEnded(ctx, wctx)
+						return l, false, err
+					}
+					return nil, false, fmt.Errorf("pglock: acquiring %q: its connection ended, and reconnecting failed: %w", key, err)
+				}
+				continue
 			}
 			return nil, false, fmt.Errorf("pglock: acquiring %q: %w", key, err)
 		case id == nil && !registered:
@@ -417,6 +434,7 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 				}
 				return nil, false, fmt.Errorf("pglock: registering the key %q in %s: %w", key, p.table, err)
 			}
+			registered = true
 			continue
 		case id == nil:
 			conn.Release()
