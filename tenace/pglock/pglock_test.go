@@ -154,16 +154,19 @@ func TestBadInput(t *testing.T) {
 }
 
 // TestCancelAtTheMomentOfTheGrant races a waiter's cancel against the
-// holder's release, many times: whichever wins, the waiter either gets the
-// lease or an error, and no lock is left held on the server.
+// holder's release, many times. The fence tells what happened on the
+// server: the next grant's token is the holder's + 1 when the waiter's
+// statement was cancelled before it got the lock, + 2 when the server
+// granted it the lock as the call was being cancelled. Either way the call
+// returns a lease or ctx's error, and no lock is left held.
 func TestCancelAtTheMomentOfTheGrant(t *testing.T) {
 	srv := server(t)
 	p := newProvider(t, srv)
 	key := keyOf(t, "k")
-	var granted, cancelled int
-	for i := 0; i < 60 || granted < 3 || cancelled < 3; i++ {
+	var leased, before, landed int
+	for i := 0; i < 40 || landed < 2 || before < 2; i++ {
 		if i == 400 {
-			t.Fatalf("after %d rounds: %d granted, %d cancelled: the race is not being exercised", i, granted, cancelled)
+			t.Fatalf("after %d rounds: %d leases, %d cancelled before the grant, %d granted on the server as cancelled: the race is not being exercised", i, leased, before, landed)
 		}
 		held := mustAcquire(t, p, key, tenace.LockAcquireOptions{})
 		ctx, cancel := context.WithCancel(bg)
@@ -175,19 +178,27 @@ func TestCancelAtTheMomentOfTheGrant(t *testing.T) {
 		wg.Wait()
 		res := <-r
 		if res.lease != nil {
-			granted++
+			leased++
 			require.NoError(t, res.lease.Release(bg))
 		} else {
-			cancelled++
 			require.ErrorIs(t, res.err, context.Canceled)
 		}
-		// The key is free: a try succeeds (a discarded session may take a
-		// moment to end on the server, so wait for it, boundedly).
+		// The key is free: a discarded session may take a moment to end
+		// on the server, so wait for it, boundedly.
 		l := mustAcquire(t, p, key, tenace.LockAcquireOptions{Timeout: 10 * time.Second})
 		require.Equal(t, fmt.Sprintf("%d:true", pglock.BackendPID(l)), locks(t, srv, key), "only the new holder")
+		switch d := l.(tenace.FencedLease).Token() - held.(tenace.FencedLease).Token(); {
+		case res.lease != nil:
+		case d == 1:
+			before++
+		case d == 2:
+			landed++
+		default:
+			t.Fatalf("token advanced by %d", d)
+		}
 		require.NoError(t, l.Release(bg))
 	}
-	t.Logf("granted %d, cancelled %d", granted, cancelled)
+	t.Logf("%d leases, %d cancelled before the grant, %d granted on the server as cancelled", leased, before, landed)
 	require.Equal(t, "", locks(t, srv, key))
 }
 

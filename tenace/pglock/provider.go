@@ -323,11 +323,13 @@ func (p *Provider) prepareSQL() {
 // key, a negative Timeout other than NoWait, a negative TTL) returns an
 // error wrapping tenace.ErrMissingKey or tenace.ErrInvalidOption.
 //
-// A grant that lands as ctx ends or the Timeout passes is returned, as a
-// lease (like golang.org/x/sync/semaphore); when Acquire returns no lease,
-// this provider holds nothing for the call on the server: a connection
-// whose wait was cut short is closed, which ends its session and with it
-// any lock the server granted at that moment.
+// A grant that lands as ctx ends or the Timeout passes is given back: the
+// call returns ctx's error, or (nil, nil) for the Timeout. When Acquire
+// returns no lease, this provider holds nothing for the call on the
+// server: a connection whose wait was cut short is unlocked and closed,
+// which ends its session and with it any lock the server granted at that
+// moment (at once when the unlock succeeds; when the server ends the
+// session otherwise, a few milliseconds later).
 func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
 	if err := tenace.ValidateAcquire(key, opts); err != nil {
 		return nil, err
@@ -447,6 +449,16 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 			p.unlockAll(conn)
 			discard(conn)
 			return nil, false, fmt.Errorf("pglock: the row of key %q vanished from %s while it was locked; rows must never be deleted", key, p.table)
+		}
+		if wctx.Err() != nil {
+			// Granted as the wait was being cut short: cancel requests may
+			// still be on their way to this session, and would hit the
+			// lease's unlock. The call gave up: give the lock back, and
+			// the connection too (see discard).
+			p.unlockAll(conn)
+			discard(conn)
+			l, err := p.waitEnded(ctx, wctx)
+			return l, false, err
 		}
 		l, err := p.grant(conn, key, *id, uint64(*fence), opts)
 		return l, true, err
