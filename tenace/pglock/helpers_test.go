@@ -2,6 +2,7 @@ package pglock_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -29,6 +30,11 @@ func TestMain(m *testing.M) {
 		os.Exit(helperProcess(conn))
 	}
 	shared, sharedErr = pgtest.New()
+	if sharedErr != nil && os.Getenv("CI") == "" {
+		// The tests skip without a server (see server); the examples,
+		// which cannot skip, are left out.
+		_ = flag.Set("test.run", "^Test")
+	}
 	goleak.VerifyTestMain(closingM{m})
 }
 
