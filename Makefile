@@ -2,7 +2,7 @@
 GO       ?= go
 FUZZTIME ?= 30s
 # Every module of the workspace (go.work); ./... alone covers only the core.
-PKGS     := ./... ./bench/... ./tenace/redislock/...
+PKGS     := ./... ./bench/... ./tenace/redislock/... ./tenace/oteltenace/...
 
 # The Redis tests need redis-server; as root, make test installs it.
 .PHONY: ensure-redis test test-race test-allocs test-verify bench bench-quick fuzz mutants lint cover run
@@ -26,7 +26,7 @@ test-race: ensure-redis
 
 ## test-allocs: the allocation budgets (sync.Pool drops items under -race, so they run without it)
 test-allocs:
-	$(GO) test -count=1 -run 'Alloc' ./tenace/...
+	$(GO) test -count=1 -run 'Alloc' ./tenace/... ./tenace/oteltenace/...
 
 ## test-verify: the lock manager with the table's invariant check after every message
 test-verify:

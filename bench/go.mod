@@ -1,16 +1,29 @@
 module tenace.dev/bench
 
-go 1.25
+go 1.25.0
 
 require (
 	github.com/HdrHistogram/hdrhistogram-go v1.4.0
 	github.com/moby/locker v1.0.1
 	github.com/stretchr/testify v1.12.1
+	go.opentelemetry.io/otel v1.46.0
+	go.opentelemetry.io/otel/sdk/metric v1.46.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sync v0.19.0
 	gonum.org/v1/plot v0.17.0
 	k8s.io/utils v0.0.0-20260210185600-b8788abfbbc2
 	tenace.dev v0.0.0
+)
+
+require (
+	github.com/go-logr/logr v1.4.4 // indirect
+	github.com/go-logr/stdr v1.2.2 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
+	go.opentelemetry.io/otel/metric v1.46.0 // indirect
+	go.opentelemetry.io/otel/sdk v1.46.0 // indirect
+	go.opentelemetry.io/otel/trace v1.46.0 // indirect
+	golang.org/x/sys v0.47.0 // indirect
 )
 
 require (
@@ -30,6 +43,7 @@ require (
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/image v0.30.0 // indirect
 	golang.org/x/text v0.28.0 // indirect
+	tenace.dev/tenace/oteltenace v0.0.0
 	tenace.dev/tenace/redislock v0.0.0
 )
 
@@ -38,3 +52,5 @@ require (
 replace tenace.dev => ../
 
 replace tenace.dev/tenace/redislock => ../tenace/redislock
+
+replace tenace.dev/tenace/oteltenace => ../tenace/oteltenace

@@ -6,6 +6,7 @@
 //	go run ./bench -impl tenace,semaphore -scenario hot -goroutines 64 -hold 10us
 //	go run ./bench -out results    # also writes results.md, results.json, chart.svg
 //	go run ./bench -provider redis -redis localhost:6379   # the distributed locks
+//	go run ./bench -otel           # the pipeline with and without the OpenTelemetry listener, and its metrics
 //
 // The Go benchmarks of the same implementations are in bench_test.go:
 // go test ./bench -bench . -benchmem.
@@ -63,6 +64,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	quiet := fs.Bool("quiet", false, "no live progress line")
 	provider := fs.String("provider", "memory", "memory: the in-process locks; redis: the distributed ones (tenace-redis, redsync, bsm) on -redis")
 	redisAddr := fs.String("redis", "", "Redis server address (host:port) for -provider redis")
+	withOtel := fs.Bool("otel", false, "also run "+otelImpl+" (the pipeline with tenace/oteltenace's listener) and print the OpenTelemetry metrics it recorded; without -impl, runs pipeline and "+otelImpl)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: go run ./bench [flags]\n\nRuns keyed locks through contention scenarios and prints a table.\n\n")
 		fs.PrintDefaults()
@@ -85,11 +87,19 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		if *redisAddr != "" {
 			return bad("-redis goes with -provider redis")
 		}
+		if *withOtel && !isSet(fs, "impl") {
+			*impl = "pipeline," + otelImpl
+		} else if *withOtel && !slices.Contains(split(*impl), otelImpl) {
+			*impl += "," + otelImpl
+		}
 	case "redis":
 		if *redisAddr == "" {
 			return bad("-provider redis needs -redis host:port")
 		}
 		c.redis = *redisAddr
+		if *withOtel {
+			return bad("-otel goes with -provider memory")
+		}
 		names = nil
 		for _, i := range redisImpls {
 			names = append(names, i.name)
@@ -188,6 +198,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		progress = stderr
 	}
 	var rs []result
+	var otels []otelReport
 	broken := false
 	for i, cl := range cells {
 		label := fmt.Sprintf("[%d/%d] %s %s g=%d", i+1, len(cells), cl.Impl, cl.Scenario, cl.Goroutines)
@@ -199,13 +210,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 		rs = append(rs, r)
 		printRow(stdout, r, baseOf(rs, r))
 		broken = broken || r.MaxInside > 1
+		if rm := lastOtel.Swap(nil); rm != nil && cl.Impl == otelImpl {
+			otels = append(otels, otelReport{label: fmt.Sprintf("%s %s g=%d", cl.Impl, cl.Scenario, cl.Goroutines), rm: rm})
+		}
 	}
+	printOtel(stdout, otels)
 	if c.out != "" {
 		if err := writeOutputs(c.out, rs); err != nil {
 			fmt.Fprintf(stderr, "bench: writing -out: %v\n", err)
 			return 1
 		}
 		fmt.Fprintf(stdout, "\nwrote %s/results.md, results.json, chart.svg, chart.png\n", c.out)
+		if len(otels) > 0 {
+			if err := writeOtel(c.out, otels); err != nil {
+				fmt.Fprintf(stderr, "bench: writing -out: %v\n", err)
+				return 1
+			}
+			fmt.Fprintf(stdout, "wrote %s/otel.txt\n", c.out)
+		}
 	}
 	if broken {
 		fmt.Fprintln(stderr, "bench: an implementation let two holders into one key at once")

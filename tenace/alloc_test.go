@@ -6,6 +6,8 @@
 package tenace_test
 
 import (
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -42,4 +44,21 @@ func TestExecuteOfALockOnlyPolicyAllocatesOnce(t *testing.T) {
 		_ = pol.Execute(bg, noop, tenace.WithKey("k"))
 	})
 	require.LessOrEqual(t, allocs, 1.0)
+}
+
+// TestEventsAllocateNothing pins the cost of events: a listener, even the
+// slog one with a handler that writes, adds no allocation to Execute.
+func TestEventsAllocateNothing(t *testing.T) {
+	p, _ := newProvider(t)
+	lock := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p})
+	for name, pol := range map[string]tenace.Policy{
+		"listener":   lock.OnEvent(func(tenace.Event) {}),
+		"slog":       lock.OnEvent(tenace.LogEvents(slog.New(slog.DiscardHandler))),
+		"slog, text": lock.OnEvent(tenace.LogEvents(slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelDebug})))),
+	} {
+		allocs := testing.AllocsPerRun(1000, func() {
+			_ = pol.Execute(bg, noop, tenace.WithKey("k"))
+		})
+		require.LessOrEqual(t, allocs, 1.0, name)
+	}
 }

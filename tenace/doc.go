@@ -67,17 +67,30 @@
 // # Events
 //
 // OnEvent listeners are policy-wide: each sees every event of every step,
-// synchronously, in the order the listeners were added. Event names:
+// synchronously, in the order the listeners were added. Event names, and
+// the Event fields each sets besides Name, Key and Context (the caller's
+// context, where a tracing listener finds its span):
 //
-//	lock.rejected  EventLockRejected  the lock was not acquired in time; Key: the lock key
-//	lock.acquired  EventLockAcquired  the lock is held; the inner steps run next
-//	lock.released  EventLockReleased  the inner steps returned; the lock was released
-//	lock.lost      EventLockLost      the lease was lost while held (LosableLease); fn's
-//	                                  context ended with cause ErrLeaseLost
-//	timeout        EventTimeout       a WithTimeout deadline passed; Key: the execution key
+//	lock.acquiring  EventLockAcquiring  the Lock starts to wait for its key
+//	lock.acquired   EventLockAcquired   the lock is held; the inner steps run next   Wait, Token
+//	lock.rejected   EventLockRejected   not acquired within its Timeout              Wait, Err
+//	lock.cancelled  EventLockCancelled  ctx ended while waiting                      Wait, Err
+//	lock.failed     EventLockFailed     the provider failed                          Wait, Err
+//	lock.lost       EventLockLost       the lease was lost while held (LosableLease);
+//	                                    fn's ctx ended with cause ErrLeaseLost      Hold, Token, Err
+//	lock.released   EventLockReleased   the inner steps returned; lock released      Hold, Token, Err
+//	timeout         EventTimeout        a WithTimeout deadline passed;               Err
+//	                                    Key: the execution key
 //
-// A listener that panics: the panic goes on up through Execute, and the lock
-// is still released.
+// Every lock.acquiring is followed by exactly one of acquired, rejected,
+// cancelled or failed, so a listener can count the callers waiting now.
+// Durations are measured on the policy's clock, and only when the policy
+// has a listener: without one, events cost no clock read and no
+// allocation. A listener that panics: the panic goes on up through
+// Execute, and the lock is still released.
+//
+// LogEvents is a listener that logs through log/slog; the module
+// tenace.dev/tenace/oteltenace records OpenTelemetry metrics and spans.
 //
 // # Providers
 //

@@ -63,7 +63,9 @@ func ExampleGet() {
 	})
 	fmt.Println(n, err)
 	// Output:
+	// event: lock.acquiring stock
 	// event: lock.acquired stock
+	// event: lock.acquiring stock
 	// event: lock.rejected stock
 	// nested call rejected: true
 	// event: lock.released stock

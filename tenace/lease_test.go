@@ -111,7 +111,7 @@ func TestFnsContextEndsWhenItsLeaseIsLost(t *testing.T) {
 		require.ErrorIs(t, err, tenace.ErrLeaseLost)
 		require.ErrorIs(t, err, cause)
 		require.Equal(t, 1, fp.releaseCount(), "a lost lease is still released")
-		require.Equal(t, []string{"lock.acquired:k", "lock.lost:k", "lock.released:k"}, rec.names())
+		require.Equal(t, []string{"lock.acquiring:k", "lock.acquired:k", "lock.lost:k", "lock.released:k"}, rec.names())
 	})
 }
 
@@ -125,7 +125,7 @@ func TestALeaseNotLostEmitsNoLostEvent(t *testing.T) {
 	require.NoError(t, err)
 	// Lost after the work: nobody is told, nothing leaks (goleak).
 	lease.Lose(nil)
-	require.Equal(t, []string{"lock.acquired:k", "lock.released:k"}, rec.names())
+	require.Equal(t, []string{"lock.acquiring:k", "lock.acquired:k", "lock.released:k"}, rec.names())
 }
 
 func TestValidateAcquire(t *testing.T) {
@@ -195,4 +195,27 @@ func TestUnexpectedErrorSaysItsPrefixOnce(t *testing.T) {
 	err := &tenace.UnexpectedError{Err: tenace.ErrProviderClosed}
 	require.Equal(t, "tenace: the lock provider failed, so the work did not run: the lock provider is closed; create a new one, or use DefaultLockProvider()", err.Error())
 	require.ErrorIs(t, err, tenace.ErrProviderClosed)
+}
+
+// A lost-event listener that panics: the panic goes on up through Execute on
+// the caller's goroutine, as any listener's, and the lock is still released.
+func TestAPanickingLostListenerPanicsThroughExecute(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fp := &fakeProvider{}
+		lease := &losableLease{fakeLease: fakeLease{p: fp}}
+		fp.acquire = func(context.Context, string) (tenace.LockLease, error) { return lease, nil }
+		p := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp, Key: "k"}).OnEvent(func(e tenace.Event) {
+			if e.Name == tenace.EventLockLost {
+				panic("listener")
+			}
+		})
+		require.PanicsWithValue(t, "listener", func() {
+			_ = p.Execute(bg, func(ctx context.Context) error {
+				lease.Lose(nil)
+				<-ctx.Done()
+				return nil
+			})
+		})
+		require.Equal(t, 1, fp.releaseCount(), "the lock is still released")
+	})
 }

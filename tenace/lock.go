@@ -36,7 +36,8 @@ type LockOptions struct {
 //	err := p.Execute(ctx, buildReport)
 //
 // The key is LockOptions.Key, else the execution key; with neither, the call
-// returns ErrMissingKey and nothing runs. Then the Lock asks the provider:
+// returns ErrMissingKey and nothing runs. Then the Lock emits
+// EventLockAcquiring and asks the provider:
 //   - granted: it emits EventLockAcquired, runs the inner steps with a
 //     context from which LeaseFrom returns the lease, and releases the lock
 //     when they return — normally, with an error, or by panic (the panic
@@ -48,8 +49,14 @@ type LockOptions struct {
 //     *LockNotAcquiredError.
 //   - the context ended while waiting: the call leaves the queue and returns
 //     the context's error; fn does not run, even if the lock was granted at
-//     that moment (the grant is released at once).
-//   - the provider failed: *UnexpectedError wrapping its error.
+//     that moment (the grant is released at once). It emits
+//     EventLockCancelled.
+//   - the provider failed: *UnexpectedError wrapping its error;
+//     EventLockFailed.
+//
+// The events carry the wait, the hold, the fencing token and the error (see
+// the Event... names); they are timed on the policy's clock, which is read
+// only when the policy has listeners.
 //
 // A lease that can be lost while held (LosableLease: a distributed lock
 // whose renewal failed, whose connection dropped, or that reached its TTL)
@@ -139,6 +146,13 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	}
 	opts := LockAcquireOptions{Timeout: l.opts.Timeout, TTL: l.opts.TTL, Clock: x.Clock()}
 
+	// Events cost nothing without listeners: no clock read, no Event.
+	observed := x.HasListeners()
+	var start time.Time
+	if observed {
+		start = opts.Clock.Now()
+		x.Emit(Event{Name: EventLockAcquiring, Key: key, Context: ctx})
+	}
 	var held *heldCtx
 	var err error
 	if mp, ok := provider.(*MemoryLockProvider); ok {
@@ -155,30 +169,51 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	}
 	if err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+			if observed {
+				emitWaitEnd(ctx, x, EventLockCancelled, key, start, err)
+			}
 			return err
+		}
+		if observed {
+			emitWaitEnd(ctx, x, EventLockFailed, key, start, err)
 		}
 		return &UnexpectedError{Err: err}
 	}
 	if held == nil || held.lease == nil {
 		if ctxErr := ctx.Err(); ctxErr != nil {
+			if observed {
+				emitWaitEnd(ctx, x, EventLockCancelled, key, start, ctxErr)
+			}
 			return ctxErr // a provider may report a ctx that ended as "not granted"
 		}
-		x.Emit(Event{Name: EventLockRejected, Key: key})
-		return &LockNotAcquiredError{Key: key}
+		rejected := &LockNotAcquiredError{Key: key}
+		if observed {
+			emitWaitEnd(ctx, x, EventLockRejected, key, start, rejected)
+		}
+		return rejected
 	}
 	if err := ctx.Err(); err != nil {
 		// The grant landed as the context ended: the call was still waiting
 		// when it was cancelled, so fn must not run, and the grant goes back.
 		_ = held.lease.Release(context.WithoutCancel(ctx))
+		if observed {
+			emitWaitEnd(ctx, x, EventLockCancelled, key, start, err)
+		}
 		return err
+	}
+	var granted time.Time
+	if observed {
+		granted = opts.Clock.Now()
 	}
 	// Released in a defer, so that a panic in fn, in an inner step or in a
 	// listener of the acquired event does not leak the lock.
-	defer release(ctx, x, key, held.lease)
-	x.Emit(Event{Name: EventLockAcquired, Key: key})
+	defer release(ctx, x, key, held.lease, granted)
+	if observed {
+		x.Emit(Event{Name: EventLockAcquired, Key: key, Context: ctx, Wait: granted.Sub(start), Token: tokenOf(held.lease)})
+	}
 	switch l := held.lease.(type) {
 	case LosableLease:
-		return runWatched(held, x, key, l, next)
+		return runWatched(ctx, held, x, key, l, granted, next)
 	case ExpiringLease:
 		// Work under a lapsed lock must stop: end the inner context at the
 		// lease's expiry, with a cause that says so.
@@ -189,37 +224,71 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	return next.Run(held)
 }
 
-// runWatched runs the inner steps while watching a lease that can be lost:
-// the moment it is lost their context ends with the lease's error as its
-// cause, and EventLockLost is emitted — from the watching goroutine, while
-// fn may still run (listeners are already safe for concurrent use: a policy
-// runs many calls at once). The watcher has exited when runWatched returns.
-func runWatched(ctx context.Context, x policy.Execution, key string, l LosableLease, next policy.Next) error {
-	inner, cancel := context.WithCancelCause(ctx)
+// runWatched runs the inner steps, with held as their parent context, while
+// watching a lease that can be lost: the moment it is lost their context
+// ends with the lease's error as its cause, and EventLockLost is emitted —
+// from the watching goroutine, while fn may still run (listeners are already
+// safe for concurrent use: a policy runs many calls at once). The watcher
+// has exited when runWatched returns, so the lost event always comes before
+// the released one. ctx is the Lock's own context, for the event; granted is
+// when the lease was granted (zero without listeners).
+func runWatched(ctx, held context.Context, x policy.Execution, key string, l LosableLease, granted time.Time, next policy.Next) error {
+	inner, cancel := context.WithCancelCause(held)
 	defer cancel(nil)
 	stop := make(chan struct{})
 	done := make(chan struct{})
+	// A listener of the lost event that panics must not crash the process
+	// from the watcher goroutine: its panic is carried over and goes on up
+	// through Execute from the caller's goroutine, like any listener's, once
+	// the inner steps have returned (the lock is still released).
+	var listenerPanic any
 	go func() {
 		defer close(done)
+		defer func() { listenerPanic = recover() }()
 		select {
 		case <-l.Lost():
 			err := l.Err()
 			cancel(err)
-			x.Emit(Event{Name: EventLockLost, Key: key})
+			if x.HasListeners() {
+				hold := x.Clock().Now().Sub(granted)
+				x.Emit(Event{Name: EventLockLost, Key: key, Context: ctx, Hold: hold, Token: tokenOf(l), Err: err})
+			}
 		case <-stop:
 		}
 	}()
 	defer func() {
 		close(stop)
 		<-done
+		if listenerPanic != nil {
+			panic(listenerPanic)
+		}
 	}()
 	return next.Run(inner)
 }
 
-func release(ctx context.Context, x policy.Execution, key string, lease LockLease) {
+// release releases lease and emits EventLockReleased; granted is when the
+// lease was granted (zero without listeners).
+func release(ctx context.Context, x policy.Execution, key string, lease LockLease, granted time.Time) {
+	rctx := ctx
 	if ctx.Err() != nil {
-		ctx = context.WithoutCancel(ctx)
+		rctx = context.WithoutCancel(ctx)
 	}
-	_ = lease.Release(ctx) // ignored: see Lock
-	x.Emit(Event{Name: EventLockReleased, Key: key})
+	err := lease.Release(rctx) // not returned: see Lock; listeners see it
+	if x.HasListeners() {
+		hold := x.Clock().Now().Sub(granted)
+		x.Emit(Event{Name: EventLockReleased, Key: key, Context: ctx, Hold: hold, Token: tokenOf(lease), Err: err})
+	}
+}
+
+// emitWaitEnd emits name, an event that ends the wait begun at start.
+func emitWaitEnd(ctx context.Context, x policy.Execution, name, key string, start time.Time, err error) {
+	x.Emit(Event{Name: name, Key: key, Context: ctx, Wait: x.Clock().Now().Sub(start), Err: err})
+}
+
+// tokenOf is the lease's fencing token, or 0 if it has none.
+func tokenOf(l LockLease) uint64 {
+	if f, ok := l.(FencedLease); ok {
+		return f.Token()
+	}
+	return 0
 }

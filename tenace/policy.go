@@ -21,22 +21,49 @@ type TimeoutError = policy.TimeoutError
 // Strategy is a step of a policy; see package policy to write one.
 type Strategy = policy.Strategy
 
-// The names of the events the built-in steps emit.
+// The names of the events the built-in steps emit. Every event has Name,
+// Key and Context; the other Event fields are set as each name says.
+//
+// A Lock emits EventLockAcquiring once it starts to wait, then exactly one
+// of EventLockAcquired, EventLockRejected, EventLockCancelled or
+// EventLockFailed, which end the wait and carry its length (Wait); after
+// EventLockAcquired come EventLockLost (possibly) and EventLockReleased. So a
+// listener can count the callers waiting now (+1 on acquiring, −1 on the
+// four that end a wait) and time waits and holds without clocks of its own.
+// A call refused before it waits (no key, an option out of range, ctx
+// already ended) emits nothing.
 const (
-	// EventLockRejected: the lock was not acquired within its Timeout (or at
-	// once with NoWait). Key is the lock key.
-	EventLockRejected = "lock.rejected"
+	// EventLockAcquiring: the Lock asks its provider for the lock and may
+	// wait. Key is the lock key.
+	EventLockAcquiring = "lock.acquiring"
 	// EventLockAcquired: the lock was acquired; the inner steps run next.
+	// Wait: how long the acquire waited; Token: the fencing token, if any.
 	EventLockAcquired = "lock.acquired"
+	// EventLockRejected: the lock was not acquired within its Timeout (or at
+	// once with NoWait). Wait; Err: the *LockNotAcquiredError returned.
+	EventLockRejected = "lock.rejected"
+	// EventLockCancelled: the context ended while the call waited (also when
+	// the grant landed at that moment and was given back). Wait; Err: the
+	// context's error, which the call returns.
+	EventLockCancelled = "lock.cancelled"
+	// EventLockFailed: the provider failed (a server unreachable, the
+	// provider closed). Wait; Err: the provider's error, which the call
+	// returns wrapped in an *UnexpectedError.
+	EventLockFailed = "lock.failed"
 	// EventLockReleased: the inner steps returned and the lock was released.
+	// Hold: how long it was held; Token; Err: what Release returned (nil when
+	// it succeeded; the Lock ignores it otherwise).
 	EventLockReleased = "lock.released"
 	// EventLockLost: the lease was lost while the inner steps ran (see
 	// LosableLease); their context has ended with the lease's error as its
-	// cause. It is emitted from another goroutine, the moment the Lock learns
-	// of the loss, while fn may still run.
+	// cause. Hold: how long it was held until the loss; Token; Err: the
+	// lease's error (errors.Is ErrLeaseLost). It is emitted from another
+	// goroutine, the moment the Lock learns of the loss, while fn may still
+	// run, and always before EventLockReleased.
 	EventLockLost = "lock.lost"
 	// EventTimeout: a WithTimeout deadline passed before the work returned.
-	// Key is the execution key, possibly empty.
+	// Key is the execution key, possibly empty; Err: the *TimeoutError
+	// returned.
 	EventTimeout = policy.EventTimeout
 )
 
@@ -87,6 +114,13 @@ func (p Policy) With(s Strategy) Policy {
 // the listeners were added. A listener that panics: the panic goes on up
 // through Execute, and a lock held at that point is still released. It
 // panics if fn is nil.
+//
+// Listeners run on the caller's goroutine, inside the call (EventLockLost
+// excepted: it comes from a watching goroutine), and one policy runs many
+// calls at once: a listener must be safe for concurrent use and quick.
+// LogEvents is a ready-made one; tenace.dev/tenace/oteltenace records
+// OpenTelemetry metrics and spans. A policy without listeners reads no clock
+// and builds no event.
 func (p Policy) OnEvent(fn func(Event)) Policy {
 	if fn == nil {
 		panic("tenace: Policy.OnEvent: nil listener")

@@ -92,7 +92,7 @@ func TestLockNotAcquiredWithinTimeoutReturnsLockNotAcquiredError(t *testing.T) {
 		require.Equal(t, "reports", nae.Key)
 		require.Equal(t, 5*time.Second, time.Since(start))
 		require.False(t, ran)
-		require.Equal(t, []string{"lock.rejected:reports"}, rec.names())
+		require.Equal(t, []string{"lock.acquiring:reports", "lock.rejected:reports"}, rec.names())
 		require.NoError(t, held.Release(bg))
 		requireIdle(t, p, "reports")
 	})
@@ -127,7 +127,7 @@ func TestCtxEndingWhileWaitingReturnsCtxErrorAndFnDoesNotRun(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	var nae *tenace.LockNotAcquiredError
 	require.False(t, errors.As(err, &nae), "ctx's end is not the lock's timeout")
-	require.Empty(t, rec.names(), "no lock.rejected when ctx ends")
+	require.Equal(t, []string{"lock.acquiring:k", "lock.cancelled:k"}, rec.names(), "lock.cancelled, not lock.rejected, when ctx ends")
 	require.Len(t, ran, 0)
 	require.NoError(t, held.Release(bg))
 	requireIdle(t, p, "k")
@@ -451,7 +451,9 @@ func TestListenersArePolicyWideAndRunInOrder(t *testing.T) {
 		OnEvent(func(e tenace.Event) { order = append(order, "second "+e.Name+":"+e.Key) })
 	require.NoError(t, pol.Execute(bg, noop))
 	require.Equal(t, []string{
+		"first lock.acquiring", "second lock.acquiring:outer",
 		"first lock.acquired", "second lock.acquired:outer",
+		"first lock.acquiring", "second lock.acquiring:inner",
 		"first lock.acquired", "second lock.acquired:inner",
 		"first lock.released", "second lock.released:inner",
 		"first lock.released", "second lock.released:outer",
@@ -521,7 +523,8 @@ func TestAFailureToReleaseIsIgnored(t *testing.T) {
 	var rec recorder
 	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp, Key: "k"}).OnEvent(rec.on).Execute(bg, noop)
 	require.NoError(t, err, "the work is done; a distributed lock expires on its own")
-	require.Equal(t, []string{"lock.acquired:k", "lock.released:k"}, rec.names())
+	require.Equal(t, []string{"lock.acquiring:k", "lock.acquired:k", "lock.released:k"}, rec.names())
+	require.Same(t, errBoom, rec.events[2].Err, "listeners see the failed release")
 }
 
 func TestTwoPoliciesWithoutProviderExcludeEachOther(t *testing.T) {
@@ -652,7 +655,7 @@ func TestEventsAcquiredAndReleasedCarryTheLockKey(t *testing.T) {
 	p, _ := newProvider(t)
 	var rec recorder
 	require.NoError(t, tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p}).OnEvent(rec.on).Execute(bg, noop, tenace.WithKey("k")))
-	require.Equal(t, []string{"lock.acquired:k", "lock.released:k"}, rec.names())
+	require.Equal(t, []string{"lock.acquiring:k", "lock.acquired:k", "lock.released:k"}, rec.names())
 }
 
 func TestErrorMessagesSayWhatHappenedAndWhatToDo(t *testing.T) {

@@ -94,32 +94,7 @@ func AcquireContext(ctx context.Context, opts LockAcquireOptions) (actx context.
 	if opts.Timeout <= 0 {
 		return context.WithCancel(ctx)
 	}
-	if policy.IsSystemClock(opts.Clock) {
-		return context.WithTimeoutCause(ctx, opts.Timeout, ErrAcquireTimeout)
-	}
-	inner, cancelCause := context.WithCancelCause(ctx)
-	stop := opts.Clock.AfterFunc(opts.Timeout, func() { cancelCause(ErrAcquireTimeout) })
-	c := &clockDeadlineCtx{Context: inner, deadline: opts.Clock.Now().Add(opts.Timeout)}
-	return c, func() {
-		stop()
-		cancelCause(context.Canceled)
-	}
-}
-
-// clockDeadlineCtx is a cancel context ended by a Clock's timer: it reports
-// the clock's deadline, and DeadlineExceeded once the timer fired.
-type clockDeadlineCtx struct {
-	context.Context
-	deadline time.Time
-}
-
-func (c *clockDeadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }
-
-func (c *clockDeadlineCtx) Err() error {
-	if context.Cause(c.Context) == ErrAcquireTimeout {
-		return context.DeadlineExceeded
-	}
-	return c.Context.Err()
+	return policy.WithTimeoutCause(ctx, opts.Clock, opts.Timeout, ErrAcquireTimeout)
 }
 
 // TimedOut reports whether actx, from AcquireContext(ctx, ...), ended

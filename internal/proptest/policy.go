@@ -241,6 +241,11 @@ func PolicyProperty(rt *rapid.T) {
 	require.Equal(rt, want.err == "not-acquired", slices.Contains(events, tenace.EventLockRejected), "lock.rejected iff not acquired: %v", events)
 	require.Equal(rt, want.err == "timeout", slices.Contains(events, tenace.EventTimeout), "timeout event iff a timeout: %v", events)
 	require.Equal(rt, count(events, tenace.EventLockAcquired), count(events, tenace.EventLockReleased), "every acquired lock released: %v", events)
+	waitEnds := count(events, tenace.EventLockAcquired) + count(events, tenace.EventLockRejected) +
+		count(events, tenace.EventLockCancelled) + count(events, tenace.EventLockFailed)
+	require.Equal(rt, count(events, tenace.EventLockAcquiring), waitEnds, "every wait ends with one event: %v", events)
+	ctxEndedWaiting := (want.err == "canceled" || want.err == "deadline" || want.err == "timeout") && !want.ran && slices.Contains(events, tenace.EventLockAcquiring)
+	require.Equal(rt, ctxEndedWaiting, slices.Contains(events, tenace.EventLockCancelled), "lock.cancelled iff the ctx ended while waiting: %v", events)
 
 	// Nothing is left held once the other holder has let go.
 	if other != nil {

@@ -29,6 +29,7 @@ func Example_strategy() {
 		OnEvent(func(e tenace.Event) { fmt.Println(e.Name, e.Key) })
 	_ = p.Execute(context.Background(), func(context.Context) error { return nil }, tenace.WithKey("job-1"))
 	// Output:
+	// lock.acquiring job-1
 	// lock.acquired job-1
 	// attempt job-1
 	// lock.released job-1

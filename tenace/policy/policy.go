@@ -36,6 +36,13 @@
 //
 // Add it with tenace's Policy.With. A strategy must be safe for concurrent
 // use: one policy value runs many calls at once.
+//
+// A step that reports events builds them only for listeners, so that a
+// policy without any pays nothing — no clock read, no allocation:
+//
+//	if x.HasListeners() {
+//		x.Emit(policy.Event{Name: "cache.miss", Key: x.Key(), Context: ctx})
+//	}
 package policy
 
 import (
@@ -48,13 +55,44 @@ import (
 // range (a negative timeout, say); the message names the option.
 var ErrInvalidOption = errors.New("tenace: invalid option")
 
-// Event is something a step reports while a call runs. Name is one of the
-// event names (tenace's Event... constants, or a third-party step's own); Key
-// is the key the event concerns: the lock key for lock events, the execution
-// key (possibly empty) for the others.
+// Event is something a step reports while a call runs. Name and Key are
+// always set; the other fields are set by the events that have them and are
+// zero otherwise (tenace's Event... constants say which carries what).
+//
+// An Event is built only when the pipeline has listeners
+// ([Execution.HasListeners]): a policy without listeners reads no clock and
+// allocates nothing for its events.
 type Event struct {
+	// Name is one of the event names (tenace's Event... constants, or a
+	// third-party step's own).
 	Name string
-	Key  string
+	// Key is the key the event concerns: the lock key for lock events, the
+	// execution key (possibly empty) for the others.
+	Key string
+	// Context is the call's context as the emitting step received it — for
+	// the Lock step, the context the lock was asked for with, also for events
+	// emitted after it ended — so that a listener can find what the caller
+	// put there: the current trace span, a request id for a log line. It is
+	// nil only for events a third-party step emits without one. A listener
+	// must not keep it after it returns.
+	Context context.Context
+	// Wait is how long the acquire waited, on the execution's clock: set by
+	// the events that end a wait (lock.acquired, lock.rejected,
+	// lock.cancelled, lock.failed).
+	Wait time.Duration
+	// Hold is how long the lock was held, from its grant, on the execution's
+	// clock: set by lock.released (up to the moment the release returned)
+	// and lock.lost (up to the moment the loss was learned).
+	Hold time.Duration
+	// Token is the lease's fencing token when the lease is a tenace
+	// FencedLease (lock.acquired, lock.released, lock.lost), 0 otherwise;
+	// the providers in this repository start their tokens at 1.
+	Token uint64
+	// Err is the error the event is about: the error the step returns
+	// (lock.rejected, lock.cancelled, timeout), the provider's error
+	// (lock.failed), why the lease was lost (lock.lost), or what Release
+	// returned (lock.released; nil when it succeeded).
+	Err error
 }
 
 // Strategy is one step of a pipeline.
@@ -87,6 +125,11 @@ func (x Execution) Clock() Clock {
 	}
 	return x.clock
 }
+
+// HasListeners reports whether the pipeline has listeners. A step checks it
+// before it reads the clock or builds an [Event] only a listener would see,
+// so that a pipeline without listeners pays nothing for its events.
+func (x Execution) HasListeners() bool { return len(x.listeners) > 0 }
 
 // Emit reports e to the pipeline's listeners, synchronously, in the order
 // they were added. A listener's panic goes on up through the step that

@@ -7,7 +7,9 @@ import (
 	"time"
 )
 
-// EventTimeout is the event a [Timeout] emits when its deadline fires.
+// EventTimeout is the event a [Timeout] emits when its deadline fires. Its
+// Err is the [*TimeoutError] the step returns; Context is the step's parent
+// context.
 const EventTimeout = "timeout"
 
 // TimeoutError is returned by a [Timeout] step whose own deadline passed
@@ -73,22 +75,36 @@ func (t *Timeout) Run(ctx context.Context, x Execution, next Next) error {
 	if t.d <= 0 {
 		return fmt.Errorf("%w: WithTimeout(%v): the duration must be positive", ErrInvalidOption, t.d)
 	}
-	var (
-		inner  context.Context
-		cancel context.CancelFunc
-	)
-	if clock := x.Clock(); isSystem(clock) {
-		inner, cancel = context.WithTimeoutCause(ctx, t.d, errOwnDeadline)
-	} else {
-		inner, cancel = withClockDeadline(ctx, clock, t.d)
-	}
+	inner, cancel := WithTimeoutCause(ctx, x.Clock(), t.d, errOwnDeadline)
 	err := next.Run(inner)
 	cancel() // from here the cause can no longer change
 	if context.Cause(inner) != errOwnDeadline {
 		return err
 	}
-	x.Emit(Event{Name: EventTimeout, Key: x.Key()})
-	return &TimeoutError{Timeout: t.d, Key: x.Key(), Err: err}
+	terr := &TimeoutError{Timeout: t.d, Key: x.Key(), Err: err}
+	if x.HasListeners() {
+		x.Emit(Event{Name: EventTimeout, Key: x.Key(), Context: ctx, Err: terr})
+	}
+	return terr
+}
+
+// WithTimeoutCause is context.WithTimeoutCause on clock: the returned
+// context ends when ctx does or once d has passed on clock, with cause as
+// its cause (context.Cause) in the second case. With the system clock it is
+// context.WithTimeoutCause itself. With another clock the context reports
+// the clock's deadline from Deadline and context.DeadlineExceeded from Err
+// once the clock fires; contexts derived from it report context.Canceled.
+// Always call cancel.
+func WithTimeoutCause(ctx context.Context, clock Clock, d time.Duration, cause error) (context.Context, context.CancelFunc) {
+	if isSystem(clock) {
+		return context.WithTimeoutCause(ctx, d, cause)
+	}
+	inner, cancel := context.WithCancelCause(ctx)
+	stop := clock.AfterFunc(d, func() { cancel(cause) })
+	return &clockDeadlineCtx{Context: inner, deadline: clock.Now().Add(d), cause: cause}, func() {
+		stop()
+		cancel(context.Canceled)
+	}
 }
 
 // clockDeadlineCtx is a cancel context ended by a Clock's timer; it reports
@@ -96,22 +112,14 @@ func (t *Timeout) Run(ctx context.Context, x Execution, next Next) error {
 type clockDeadlineCtx struct {
 	context.Context
 	deadline time.Time
+	cause    error
 }
 
 func (c *clockDeadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }
 
 func (c *clockDeadlineCtx) Err() error {
-	if context.Cause(c.Context) == errOwnDeadline {
+	if context.Cause(c.Context) == c.cause {
 		return context.DeadlineExceeded
 	}
 	return c.Context.Err()
-}
-
-func withClockDeadline(ctx context.Context, clock Clock, d time.Duration) (context.Context, context.CancelFunc) {
-	inner, cancel := context.WithCancelCause(ctx)
-	stop := clock.AfterFunc(d, func() { cancel(errOwnDeadline) })
-	return &clockDeadlineCtx{Context: inner, deadline: clock.Now().Add(d)}, func() {
-		stop()
-		cancel(context.Canceled)
-	}
 }

@@ -379,7 +379,7 @@ func TestPolicyEndToEnd(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, err)
-	require.Equal(t, []string{"lock.acquired", "lock.rejected", "lock.released"}, rec)
+	require.Equal(t, []string{"lock.acquiring", "lock.acquired", "lock.acquiring", "lock.rejected", "lock.released"}, rec)
 
 	srv.Kill()
 	err = pol.Execute(bg, func(context.Context) error { return nil })

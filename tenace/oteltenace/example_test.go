@@ -1,0 +1,95 @@
+package oteltenace_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"slices"
+
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"tenace.dev/tenace"
+	"tenace.dev/tenace/oteltenace"
+)
+
+// Instrument a policy, run a call that holds a lock and a nested one that
+// is rejected, and read what a dashboard would show. A ManualReader stands
+// in for the exporter an application configures (OTLP, Prometheus).
+func Example() {
+	ctx := context.Background()
+	reader := sdkmetric.NewManualReader()
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = meters.Shutdown(ctx) }()
+
+	tel := oteltenace.New(oteltenace.WithMeterProvider(meters))
+	provider := tenace.NewMemoryLockProvider()
+	defer provider.Close()
+	p := tel.Instrument(tenace.NewPolicy().
+		WithLock(tenace.LockOptions{Provider: provider, Key: "reports", Timeout: tenace.NoWait}))
+
+	_ = p.Execute(ctx, func(ctx context.Context) error {
+		return p.Execute(ctx, func(context.Context) error { return nil }) // "reports" is held: rejected
+	})
+
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		log.Fatal(err)
+	}
+	for _, m := range rm.ScopeMetrics[0].Metrics {
+		var lines []string
+		switch d := m.Data.(type) {
+		case metricdata.Histogram[float64]:
+			for _, dp := range d.DataPoints {
+				lines = append(lines, fmt.Sprintf("%s (%s)%s count=%d", m.Name, m.Unit, attrs(dp.Attributes), dp.Count))
+			}
+		case metricdata.Sum[int64]:
+			for _, dp := range d.DataPoints {
+				lines = append(lines, fmt.Sprintf("%s (%s)%s %d", m.Name, m.Unit, attrs(dp.Attributes), dp.Value))
+			}
+		}
+		slices.Sort(lines)
+		for _, l := range lines {
+			fmt.Println(l)
+		}
+	}
+	// Output:
+	// tenace.lock.wait.duration (s) outcome=acquired count=1
+	// tenace.lock.wait.duration (s) outcome=rejected count=1
+	// tenace.lock.hold.duration (s) count=1
+	// tenace.lock.acquisitions ({acquisition}) outcome=acquired 1
+	// tenace.lock.acquisitions ({acquisition}) outcome=rejected 1
+	// tenace.lock.waiting ({caller}) 0
+}
+
+func attrs(s attribute.Set) string {
+	if v, ok := s.Value(oteltenace.OutcomeKey); ok {
+		return " outcome=" + v.AsString()
+	}
+	return ""
+}
+
+// The listener alone records the metrics, and adds the lock's events to the
+// span the caller's context carries (an HTTP server span, say), with no span
+// of its own. New without options uses the global providers, which an
+// application sets with otel.SetMeterProvider and otel.SetTracerProvider.
+func ExampleTelemetry_Listen() {
+	tel := oteltenace.New()
+	p := tenace.NewPolicy().WithLock(tenace.LockOptions{Key: "nightly-report"}).OnEvent(tel.Listen)
+	_ = p.Execute(context.Background(), func(context.Context) error { return nil })
+}
+
+// ObserveStats turns a provider's statistics into gauges, for a provider
+// that reports them (tenace.StatsProvider).
+func ExampleObserveStats() {
+	provider := tenace.NewMemoryLockProvider()
+	defer provider.Close()
+	if sp, ok := any(provider).(tenace.StatsProvider); ok {
+		reg, err := oteltenace.ObserveStats(nil, sp, attribute.String("tenace.provider", "jobs"))
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer func() { _ = reg.Unregister() }()
+	}
+}

@@ -1,0 +1,380 @@
+// Package oteltenace records what tenace's locks do as OpenTelemetry metrics
+// and spans: how long callers wait for a lock and with what outcome, how long
+// locks are held, how many callers wait right now, and which leases were
+// lost.
+//
+//	tel := oteltenace.New() // the global MeterProvider and TracerProvider
+//	p := tel.Instrument(tenace.NewPolicy().WithLock(tenace.LockOptions{Key: "reports"}))
+//
+// It is a module of its own (tenace.dev/tenace/oteltenace), so that the core
+// module does not depend on OpenTelemetry; it uses only the OpenTelemetry
+// API, and the application chooses and configures the SDK.
+//
+// # Metrics
+//
+// OpenTelemetry has no semantic convention for locks yet, so the names are
+// tenace's own, under "tenace.lock.":
+//
+//	name                          instrument          unit           attributes
+//	tenace.lock.wait.duration     histogram           s              tenace.lock.outcome
+//	tenace.lock.hold.duration     histogram           s              —
+//	tenace.lock.acquisitions      counter             {acquisition}  tenace.lock.outcome
+//	tenace.lock.lost              counter             {lease}        —
+//	tenace.lock.waiting           up-down counter     {caller}       —
+//	tenace.timeouts               counter             {timeout}      —
+//
+// tenace.lock.outcome is acquired, rejected (not granted within the Lock's
+// Timeout), cancelled (the caller's context ended first) or failed (the
+// provider failed). Both histograms advise bucket boundaries from 1 µs to
+// 5 minutes ([DurationBuckets]); a view can replace them. With
+// [WithLockKey], every measurement also carries tenace.lock.key; it is off by
+// default because keys often hold customer or order ids, which are both
+// personal data and unbounded cardinality.
+//
+// [ObserveStats] adds gauges read from a provider's tenace.LockStats.
+//
+// # Spans
+//
+// [Telemetry.Step] starts one span per Execute, named "tenace.execute", and
+// the listener adds the lock's events to the span it finds in the event's
+// context. One span per Execute, rather than one per Lock step, because a
+// listener cannot open a span around a step — it sees events, not the
+// call — while a step can; placed outermost (as [Telemetry.Instrument]
+// does), the step's span is what the caller waited for, wait and work
+// together, and fn's own spans are its children. The wait shows as the time
+// between the span events lock.acquiring and lock.acquired. Without the
+// step the events land on whatever span the caller's context carries, such
+// as an HTTP server span.
+package oteltenace
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"tenace.dev/tenace"
+	"tenace.dev/tenace/policy"
+)
+
+// ScopeName is the instrumentation scope of the meters and tracers this
+// package creates.
+const ScopeName = "tenace.dev/tenace/oteltenace"
+
+// Attribute keys.
+const (
+	// OutcomeKey is how a wait for a lock ended: acquired, rejected,
+	// cancelled or failed.
+	OutcomeKey = attribute.Key("tenace.lock.outcome")
+	// LockKeyKey is the lock key, recorded only with WithLockKey.
+	LockKeyKey = attribute.Key("tenace.lock.key")
+	// TokenKey is the fencing token, on span events of leases that have one.
+	TokenKey = attribute.Key("tenace.lock.token")
+	// WaitKey is the wait in seconds, on span events that end a wait.
+	WaitKey = attribute.Key("tenace.lock.wait")
+	// HoldKey is the hold in seconds, on the released and lost span events.
+	HoldKey = attribute.Key("tenace.lock.hold")
+	// ErrorKey is Event.Err's message, on span events that have one.
+	ErrorKey = attribute.Key("tenace.error")
+)
+
+// DurationBuckets are the bucket boundaries, in seconds, advised for both
+// duration histograms: 1-2.5-5 steps from 1 µs to 10 s, then 30 s, 1 min
+// and 5 min — an uncontended in-process lock takes about a microsecond, a
+// distributed one a millisecond, and a wait behind a long job minutes.
+var DurationBuckets = []float64{
+	1e-6, 2.5e-6, 5e-6,
+	1e-5, 2.5e-5, 5e-5,
+	1e-4, 2.5e-4, 5e-4,
+	1e-3, 2.5e-3, 5e-3,
+	1e-2, 2.5e-2, 5e-2,
+	0.1, 0.25, 0.5,
+	1, 2.5, 5,
+	10, 30, 60, 300,
+}
+
+// Option configures New.
+type Option interface{ apply(*config) }
+
+type config struct {
+	meters  metric.MeterProvider
+	tracers trace.TracerProvider
+	lockKey bool
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// WithMeterProvider sets where the metrics go; the default is
+// otel.GetMeterProvider() at the time New is called.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return optionFunc(func(c *config) { c.meters = mp })
+}
+
+// WithTracerProvider sets where the spans go; the default is
+// otel.GetTracerProvider() at the time New is called.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return optionFunc(func(c *config) { c.tracers = tp })
+}
+
+// WithLockKey records the lock key as the attribute tenace.lock.key on every
+// measurement and span event, and the execution key on the Execute span.
+// Off by default: keys often hold customer ids, and every distinct key
+// becomes a time series of its own. Turn it on for a bounded set of keys
+// ("nightly-report", "migrations") only.
+func WithLockKey() Option {
+	return optionFunc(func(c *config) { c.lockKey = true })
+}
+
+// Telemetry records a policy's events as metrics and span events, and its
+// Executes as spans. Create it once (its instruments are created once) and
+// use it for any number of policies; it is safe for concurrent use.
+type Telemetry struct {
+	tracer   trace.Tracer
+	wait     metric.Float64Histogram
+	hold     metric.Float64Histogram
+	acquired metric.Int64Counter
+	lost     metric.Int64Counter
+	waiting  metric.Int64UpDownCounter
+	timeouts metric.Int64Counter
+	lockKey  bool
+
+	// One attribute set per outcome, made once, so that recording without
+	// the lock key allocates nothing. Each is a one-element slice ready to
+	// pass as the variadic options: passing a lone option would make a new
+	// slice, which escapes through the interface call, on every record.
+	byOutcome [numOutcomes]measure
+}
+
+// measure is the options of one measurement, for each kind of instrument.
+type measure struct {
+	rec []metric.RecordOption
+	add []metric.AddOption
+}
+
+// outcome indexes Telemetry.byOutcome.
+type outcome int
+
+const (
+	outcomeAcquired outcome = iota
+	outcomeRejected
+	outcomeCancelled
+	outcomeFailed
+	numOutcomes
+)
+
+var outcomeNames = [numOutcomes]string{"acquired", "rejected", "cancelled", "failed"}
+
+// New returns a Telemetry that records through the providers the options
+// name (the global ones by default). An instrument the meter refuses is
+// reported to otel.Handle and left out; New itself never fails.
+func New(opts ...Option) *Telemetry {
+	c := config{}
+	for _, o := range opts {
+		o.apply(&c)
+	}
+	if c.meters == nil {
+		c.meters = otel.GetMeterProvider()
+	}
+	if c.tracers == nil {
+		c.tracers = otel.GetTracerProvider()
+	}
+	meter := c.meters.Meter(ScopeName)
+	t := &Telemetry{tracer: c.tracers.Tracer(ScopeName), lockKey: c.lockKey}
+	var err error
+	handle := func(e error) {
+		if e != nil && err == nil {
+			err = e
+		}
+	}
+	var e error
+	t.wait, e = meter.Float64Histogram("tenace.lock.wait.duration",
+		metric.WithUnit("s"), metric.WithDescription("How long callers waited for a lock, by outcome."),
+		metric.WithExplicitBucketBoundaries(DurationBuckets...))
+	handle(e)
+	t.hold, e = meter.Float64Histogram("tenace.lock.hold.duration",
+		metric.WithUnit("s"), metric.WithDescription("How long locks were held, from grant to release."),
+		metric.WithExplicitBucketBoundaries(DurationBuckets...))
+	handle(e)
+	t.acquired, e = meter.Int64Counter("tenace.lock.acquisitions",
+		metric.WithUnit("{acquisition}"), metric.WithDescription("Lock acquisitions, by outcome."))
+	handle(e)
+	t.lost, e = meter.Int64Counter("tenace.lock.lost",
+		metric.WithUnit("{lease}"), metric.WithDescription("Leases lost while held: renewal failed, connection dropped, TTL reached."))
+	handle(e)
+	t.waiting, e = meter.Int64UpDownCounter("tenace.lock.waiting",
+		metric.WithUnit("{caller}"), metric.WithDescription("Callers waiting for a lock now."))
+	handle(e)
+	t.timeouts, e = meter.Int64Counter("tenace.timeouts",
+		metric.WithUnit("{timeout}"), metric.WithDescription("WithTimeout deadlines that passed before the work returned."))
+	handle(e)
+	if err != nil {
+		otel.Handle(err)
+	}
+	for o := range numOutcomes {
+		t.byOutcome[o] = measureOf(attribute.NewSet(OutcomeKey.String(outcomeNames[o])))
+	}
+	return t
+}
+
+// Instrument returns p with the Telemetry's step outermost (a span per
+// Execute) and its listener added. Call it last, once every other step is
+// in: a step added afterwards would run outside the span.
+func (t *Telemetry) Instrument(p tenace.Policy) tenace.Policy {
+	return p.With(t.Step()).OnEvent(t.Listen)
+}
+
+// Listen is the listener: pass t.Listen to Policy.OnEvent to record metrics
+// and span events without the step's span.
+func (t *Telemetry) Listen(e tenace.Event) {
+	ctx := e.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	switch e.Name {
+	case tenace.EventLockAcquiring:
+		t.waiting.Add(ctx, 1, t.keyed(e.Key, nil).add...)
+	case tenace.EventLockAcquired:
+		t.waitEnded(ctx, e, outcomeAcquired)
+	case tenace.EventLockRejected:
+		t.waitEnded(ctx, e, outcomeRejected)
+	case tenace.EventLockCancelled:
+		t.waitEnded(ctx, e, outcomeCancelled)
+	case tenace.EventLockFailed:
+		t.waitEnded(ctx, e, outcomeFailed)
+	case tenace.EventLockReleased:
+		t.hold.Record(ctx, e.Hold.Seconds(), t.keyed(e.Key, nil).rec...)
+	case tenace.EventLockLost:
+		t.lost.Add(ctx, 1, t.keyed(e.Key, nil).add...)
+	case tenace.EventTimeout:
+		t.timeouts.Add(ctx, 1)
+	default:
+		return // a third-party step's event: not ours to record
+	}
+	t.spanEvent(ctx, e)
+}
+
+// waitEnded records the end of a wait.
+func (t *Telemetry) waitEnded(ctx context.Context, e tenace.Event, o outcome) {
+	t.waiting.Add(ctx, -1, t.keyed(e.Key, nil).add...)
+	m := t.keyed(e.Key, &o)
+	t.wait.Record(ctx, e.Wait.Seconds(), m.rec...)
+	t.acquired.Add(ctx, 1, m.add...)
+}
+
+// keyed returns the measurement options for an event: its outcome (if o is
+// not nil) and, with WithLockKey, its key. Without the key it allocates
+// nothing.
+func (t *Telemetry) keyed(key string, o *outcome) measure {
+	if !t.lockKey {
+		if o == nil {
+			return measure{}
+		}
+		return t.byOutcome[*o]
+	}
+	kvs := []attribute.KeyValue{LockKeyKey.String(key)}
+	if o != nil {
+		kvs = append(kvs, OutcomeKey.String(outcomeNames[*o]))
+	}
+	return measureOf(attribute.NewSet(kvs...))
+}
+
+func measureOf(set attribute.Set) measure {
+	opt := metric.WithAttributeSet(set)
+	return measure{rec: []metric.RecordOption{opt}, add: []metric.AddOption{opt}}
+}
+
+// spanEvent adds e to the span in its context, if that span records.
+func (t *Telemetry) spanEvent(ctx context.Context, e tenace.Event) {
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return
+	}
+	attrs := make([]attribute.KeyValue, 0, 5)
+	if t.lockKey {
+		attrs = append(attrs, LockKeyKey.String(e.Key))
+	}
+	switch e.Name {
+	case tenace.EventLockAcquired, tenace.EventLockRejected, tenace.EventLockCancelled, tenace.EventLockFailed:
+		attrs = append(attrs, WaitKey.Float64(e.Wait.Seconds()))
+	case tenace.EventLockReleased, tenace.EventLockLost:
+		attrs = append(attrs, HoldKey.Float64(e.Hold.Seconds()))
+	}
+	if e.Token != 0 {
+		attrs = append(attrs, TokenKey.Int64(int64(e.Token)))
+	}
+	if e.Err != nil {
+		attrs = append(attrs, ErrorKey.String(e.Err.Error()))
+	}
+	span.AddEvent(e.Name, trace.WithAttributes(attrs...))
+}
+
+// Step returns the step that runs each Execute in a span named
+// "tenace.execute" (kind internal), a child of the span in the caller's
+// context. The span's status is Error, with the error's message, when the
+// call returns an error (fn's own included: the span is the call's). Add it
+// outermost, or use Instrument.
+func (t *Telemetry) Step() tenace.Strategy { return step{t} }
+
+type step struct{ t *Telemetry }
+
+// Run implements tenace.Strategy.
+func (s step) Run(ctx context.Context, x policy.Execution, next policy.Next) (err error) {
+	var opts []trace.SpanStartOption
+	if s.t.lockKey && x.Key() != "" {
+		opts = append(opts, trace.WithAttributes(attribute.String("tenace.key", x.Key())))
+	}
+	ctx, span := s.t.tracer.Start(ctx, "tenace.execute", append(opts, trace.WithSpanKind(trace.SpanKindInternal))...)
+	// Ended in a defer: a panic in fn still ends the span (and goes on up).
+	defer func() {
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}()
+	return next.Run(ctx)
+}
+
+// ObserveStats registers gauges that read sp.Stats() at each collection:
+//
+//	name                          unit      what
+//	tenace.provider.held          {key}     keys held (through this provider value)
+//	tenace.provider.waiting       {caller}  callers waiting (in this process)
+//	tenace.provider.longest_queue {caller}  most callers waiting for one key (0: unknown)
+//
+// attrs tell providers apart (attribute.String("tenace.provider", "orders"),
+// say). mp nil means otel.GetMeterProvider(). Unregister the returned
+// registration when the provider is closed.
+func ObserveStats(mp metric.MeterProvider, sp tenace.StatsProvider, attrs ...attribute.KeyValue) (metric.Registration, error) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	meter := mp.Meter(ScopeName)
+	held, err := meter.Int64ObservableGauge("tenace.provider.held",
+		metric.WithUnit("{key}"), metric.WithDescription("Keys held through the provider."))
+	if err != nil {
+		return nil, err
+	}
+	waiting, err := meter.Int64ObservableGauge("tenace.provider.waiting",
+		metric.WithUnit("{caller}"), metric.WithDescription("Callers waiting for a key of the provider, in this process."))
+	if err != nil {
+		return nil, err
+	}
+	longest, err := meter.Int64ObservableGauge("tenace.provider.longest_queue",
+		metric.WithUnit("{caller}"), metric.WithDescription("Most callers waiting for one key of the provider (0: not known)."))
+	if err != nil {
+		return nil, err
+	}
+	set := metric.WithAttributeSet(attribute.NewSet(attrs...))
+	return meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		s := sp.Stats()
+		o.ObserveInt64(held, int64(s.Held), set)
+		o.ObserveInt64(waiting, int64(s.Waiting), set)
+		o.ObserveInt64(longest, int64(s.LongestQueue), set)
+		return nil
+	}, held, waiting, longest)
+}
