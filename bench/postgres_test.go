@@ -19,8 +19,9 @@ import (
 // (fsync off: the fence's commit costs no disk flush here), in the same
 // run as its floor and peers:
 //
-//	uncontended/floor      two bare round trips on a held connection:
-//	                       SELECT pg_advisory_lock(1, 1); SELECT pg_advisory_unlock(1, 1)
+//	uncontended/floor      two bare round trips on a held connection, as pglock's
+//	                       statements are sent (extended protocol, cached statements):
+//	                       SELECT pg_advisory_lock($1, $2); SELECT pg_advisory_unlock($1, $2)
 //	uncontended/<impl>     one goroutine, acquire+release of its own key
 //	handoff/<impl>         8 goroutines on one key, 200µs think time; handoff-µs
 //	                       is the mean time from the end of one holder's work
@@ -36,10 +37,10 @@ func BenchmarkPostgres(b *testing.B) {
 		defer c.Close(ctx)
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := c.Exec(ctx, "SELECT pg_advisory_lock(1, 1)"); err != nil {
+			if _, err := c.Exec(ctx, "SELECT pg_advisory_lock($1::int4, $2::int4)", 1, 1); err != nil {
 				b.Fatal(err)
 			}
-			if _, err := c.Exec(ctx, "SELECT pg_advisory_unlock(1, 1)"); err != nil {
+			if _, err := c.Exec(ctx, "SELECT pg_advisory_unlock($1::int4, $2::int4)", 1, 1); err != nil {
 				b.Fatal(err)
 			}
 		}
