@@ -64,7 +64,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	shards := fs.Int("shards", 0, "shards of the tenace provider (0: its default, GOMAXPROCS)")
 	out := fs.String("out", "", "directory to write results.md, results.json, chart.svg and chart.png into")
 	quiet := fs.Bool("quiet", false, "no live progress line")
-	provider := fs.String("provider", "memory", "memory: the in-process locks; redis: the distributed ones (tenace-redis, redsync, bsm) on -redis; postgres: tenace-pg and pg-hand on -postgres")
+	provider := fs.String("provider", "memory", "memory: the in-process locks; redis: the distributed ones (tenace-redis, redsync, bsm) on -redis; postgres: tenace-pg, tenace-pg-nofence and pg-hand on -postgres")
 	redisAddr := fs.String("redis", "", "Redis server address (host:port) for -provider redis")
 	pgConn := fs.String("postgres", "", "PostgreSQL connection string for -provider postgres")
 	withOtel := fs.Bool("otel", false, "also run "+otelImpl+" (the pipeline with tenace/oteltenace's listener) and print the OpenTelemetry metrics it recorded; without -impl, runs pipeline and "+otelImpl)

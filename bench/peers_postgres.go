@@ -13,11 +13,13 @@ import (
 
 // The PostgreSQL peers, on one server:
 //
-//	tenace-pg  tenace/pglock: exact keys, PostgreSQL's lock queue, fencing
-//	           token, lost-lease watcher
-//	pg-hand    what services write by hand: a pooled connection per call,
-//	           pg_advisory_lock(hashtextextended(key, 0)) and unlock on it
-//	           (hashed keys that can collide, no fencing, no loss signal)
+//	tenace-pg          tenace/pglock: exact keys, PostgreSQL's lock queue,
+//	                   a durable fencing token, lost-lease watcher
+//	tenace-pg-nofence  the same WithoutFencing: the grant writes nothing
+//	pg-hand            what services write by hand: a pooled connection per
+//	                   call, pg_advisory_lock(hashtextextended(key, 0)) and
+//	                   unlock on it (hashed keys that can collide, no
+//	                   fencing, no loss signal)
 var postgresImpls = []struct {
 	name string
 	desc string
@@ -25,6 +27,13 @@ var postgresImpls = []struct {
 }{
 	{"tenace-pg", "tenace/pglock: PostgreSQL's lock queue, exact keys, fencing", func(ctx context.Context, conn string, maxConns int) (Locker, error) {
 		p, err := pglock.New(ctx, conn, pglock.WithMaxConns(maxConns))
+		if err != nil {
+			return nil, err
+		}
+		return &tenacePG{p: p}, nil
+	}},
+	{"tenace-pg-nofence", "tenace/pglock WithoutFencing: the lock alone, no commit", func(ctx context.Context, conn string, maxConns int) (Locker, error) {
+		p, err := pglock.New(ctx, conn, pglock.WithMaxConns(maxConns), pglock.WithoutFencing())
 		if err != nil {
 			return nil, err
 		}

@@ -86,8 +86,25 @@ func (p *Provider) grant(conn *pgxpool.Conn, key string, id int32, fence uint64,
 		}
 		l.stopTTL.Store(&stop)
 	}
+	if !p.fencing {
+		return unfenced{l}, nil
+	}
 	return l, nil
 }
+
+// unfenced is a lease of a provider WithoutFencing: it has no Token.
+type unfenced struct{ l *lease }
+
+var _ tenace.LosableLease = unfenced{}
+
+// Release is (*lease).Release.
+func (u unfenced) Release(ctx context.Context) error { return u.l.Release(ctx) }
+
+// Lost is (*lease).Lost.
+func (u unfenced) Lost() <-chan struct{} { return u.l.Lost() }
+
+// Err is (*lease).Err.
+func (u unfenced) Err() error { return u.l.Err() }
 
 // Token is the lease's fencing token: the key's counter in the table of
 // keys, incremented in the statement that took the lock. It strictly

@@ -48,6 +48,7 @@ type Provider struct {
 	classID  int32  // the first key of every advisory lock: the table's OID
 	ttl      time.Duration
 	maxConns int
+	fencing  bool          // leases carry a fencing token (not WithoutFencing)
 	slots    chan struct{} // a token per connection in use (held + waiting); cap maxConns
 
 	lockSQL, tryLockSQL, registerSQL string
@@ -126,6 +127,7 @@ type settings struct {
 	keepalive   net.KeepAliveConfig
 	setup       bool
 	allowPooler bool
+	fencing     bool
 }
 
 // Option configures New.
@@ -186,6 +188,13 @@ func WithoutSetup() Option { return optionFunc(func(s *settings) { s.setup = fal
 // which keeps a client on one server session.
 func AllowPooler() Option { return optionFunc(func(s *settings) { s.allowPooler = true }) }
 
+// WithoutFencing drops the fencing token: the acquire statement then only
+// takes the lock, and writes nothing, so a grant costs no commit (on a
+// server that flushes its WAL on commit, the fence's write is most of an
+// uncontended acquire; see bench/README.md). The leases are then not
+// tenace.FencedLease. Use it where nothing downstream checks tokens.
+func WithoutFencing() Option { return optionFunc(func(s *settings) { s.fencing = false }) }
+
 // Schema returns the statement that creates the table of keys, for a
 // migration tool (see WithoutSetup). table is a name as WithTable takes it.
 func Schema(table string) string { return schema(sanitize(table)) }
@@ -223,7 +232,7 @@ func NewWithConfig(ctx context.Context, cfg *pgxpool.Config, opts ...Option) (*P
 	if cfg == nil {
 		panic("tenace: pglock.NewWithConfig: nil config")
 	}
-	s := settings{table: DefaultTable, maxConns: DefaultMaxConns, keepalive: DefaultKeepalive, setup: true}
+	s := settings{table: DefaultTable, maxConns: DefaultMaxConns, keepalive: DefaultKeepalive, setup: true, fencing: true}
 	for _, o := range opts {
 		o.apply(&s)
 	}
@@ -234,7 +243,7 @@ func NewWithConfig(ctx context.Context, cfg *pgxpool.Config, opts ...Option) (*P
 		return nil, fmt.Errorf("pglock: creating the pool: %w", err)
 	}
 	p := &Provider{
-		pool: pool, table: sanitize(s.table), ttl: s.ttl, maxConns: s.maxConns,
+		pool: pool, table: sanitize(s.table), ttl: s.ttl, maxConns: s.maxConns, fencing: s.fencing,
 		slots: make(chan struct{}, s.maxConns), leases: map[*lease]struct{}{},
 	}
 	p.closed, p.close = context.WithCancelCause(context.Background())
@@ -302,6 +311,11 @@ func (p *Provider) check(ctx context.Context, s settings) error {
 // row's newest committed version (it rechecks and follows the update
 // chain), so the previous holder's increment is never lost.
 func (p *Provider) lockStatement(lockExpr string) string {
+	if !p.fencing {
+		return `WITH k AS (SELECT id FROM ` + p.table + ` WHERE key = $1),
+l AS MATERIALIZED (SELECT ` + lockExpr + ` AS ok FROM k)
+SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), NULL::bigint`
+	}
 	return `WITH k AS (SELECT id FROM ` + p.table + ` WHERE key = $1),
 l AS MATERIALIZED (SELECT ` + lockExpr + ` AS ok FROM k),
 u AS (UPDATE ` + p.table + ` SET fence = fence + 1 WHERE id = (SELECT id FROM k) AND (SELECT ok FROM l) RETURNING fence)
@@ -445,7 +459,7 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 			// The try failed: the session holds nothing.
 			conn.Release()
 			return nil, false, nil
-		case fence == nil:
+		case fence == nil && p.fencing:
 			p.unlockAll(conn)
 			discard(conn)
 			return nil, false, fmt.Errorf("pglock: the row of key %q vanished from %s while it was locked; rows must never be deleted", key, p.table)
@@ -460,7 +474,11 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 			l, err := p.waitEnded(ctx, wctx)
 			return l, false, err
 		}
-		l, err := p.grant(conn, key, *id, uint64(*fence), opts)
+		var token uint64
+		if fence != nil {
+			token = uint64(*fence)
+		}
+		l, err := p.grant(conn, key, *id, token, opts)
 		return l, true, err
 	}
 }
