@@ -4,7 +4,7 @@ FUZZTIME ?= 30s
 # Every module of the workspace (go.work); ./... alone covers only the core.
 PKGS     := ./... ./bench/... ./tenace/redislock/... ./tenace/oteltenace/... ./tenace/pglock/...
 
-# The Redis tests need redis-server, the PostgreSQL tests postgresql; as root, make test installs them.
+# The Redis tests need redis-server, the PostgreSQL tests postgresql and pgbouncer; as root, make test installs them.
 .PHONY: ensure-redis ensure-postgres test test-race test-allocs test-verify bench bench-quick fuzz mutants lint cover run
 
 ## test: everything CI checks, on every module
@@ -20,14 +20,15 @@ ensure-redis:
 			echo "make test needs redis-server: run 'sudo apt-get install redis-server'"; exit 1; \
 		fi; }
 
-## ensure-postgres: install postgresql if it is missing (root), or say what to install
+## ensure-postgres: install postgresql and pgbouncer if missing (root), or say what to install
 ensure-postgres:
-	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || command -v postgres >/dev/null 2>&1 || { \
+	@{ ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || command -v postgres >/dev/null 2>&1; } && \
+	{ [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null 2>&1; } || { \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing postgresql (apt-get)"; \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
+			echo "installing postgresql and pgbouncer (apt-get)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql pgbouncer >/dev/null; \
 		else \
-			echo "make test needs postgresql: run 'sudo apt-get install postgresql'"; exit 1; \
+			echo "make test needs postgresql and pgbouncer: run 'sudo apt-get install postgresql pgbouncer'"; exit 1; \
 		fi; }
 
 ## test-race: every test of every module under the race detector

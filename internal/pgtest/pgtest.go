@@ -9,6 +9,9 @@
 // postgres run as the postgres user (which the package creates) and the
 // temporary directory is owned by it.
 //
+// StartPooler puts a PgBouncer (Debian's pgbouncer package) in front of a
+// server, for tests of what a pooler breaks.
+//
 // When PostgreSQL is not installed, Start skips the test — except when the CI
 // environment variable is set, where it fails instead, so that CI never
 // passes by skipping. Install it with `apt-get install postgresql`

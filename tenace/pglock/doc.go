@@ -77,8 +77,10 @@
 // Session locks need a session that stays one: a pooler in transaction or
 // statement mode (PgBouncer's default) would break them silently, so New
 // refuses a connection whose backend is not the one the server named at
-// connect (ErrPooler); AllowPooler accepts a pooler in session mode. New
-// also refuses a standby.
+// connect (ErrPooler; tested through PgBouncer in transaction and session
+// mode — PgBouncer must be told to ignore the startup parameters the
+// provider sets, else it refuses the connection itself); AllowPooler
+// accepts a pooler in session mode. New also refuses a standby.
 //
 // # Waiting: Timeout, NoWait, ctx, and the abort during the grant
 //

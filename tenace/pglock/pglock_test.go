@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"tenace.dev/internal/pgtest"
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/pglock"
 )
@@ -295,4 +296,24 @@ func TestCloseEndsLeasesAndWaiters(t *testing.T) {
 	require.ErrorIs(t, err, tenace.ErrProviderClosed)
 	require.NoError(t, p.Close(), "idempotent")
 	require.Equal(t, "", locks(t, srv, key))
+}
+
+// TestNewRefusesAPooler: through PgBouncer in transaction mode, New says
+// that session locks cannot work there; AllowPooler (for session mode)
+// lets it through.
+func TestNewRefusesAPooler(t *testing.T) {
+	srv := server(t)
+	for _, mode := range []string{"transaction", "session"} {
+		pooler := pgtest.StartPooler(t, srv, mode)
+		_, err := pglock.New(bg, pooler.ConnString())
+		require.ErrorIs(t, err, pglock.ErrPooler, mode)
+	}
+	p := newProvider(t, srv) // sanity: a direct connection is accepted
+	require.NotNil(t, p)
+	pooler := pgtest.StartPooler(t, srv, "session")
+	ps, err := pglock.New(bg, pooler.ConnString(), pglock.AllowPooler())
+	require.NoError(t, err)
+	l := mustAcquire(t, ps, keyOf(t, "k"), tenace.LockAcquireOptions{})
+	require.NoError(t, l.Release(bg))
+	require.NoError(t, ps.Close())
 }
