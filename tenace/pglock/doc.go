@@ -118,7 +118,11 @@
 //     25 s with DefaultKeepalive, on both ends: the server then ends the
 //     session and frees the lock, the client loses the lease. The server
 //     releases a session's locks when the session ends, so the next waiter
-//     is granted then.
+//     is granted then: a holder process that dies (even by SIGKILL) frees
+//     its locks at once, as the kernel closes its sockets (measured: the
+//     next waiter, in another process, granted 5–10 ms after the kill;
+//     TestKilledHolderFreesTheKey). A stalled server process is not a loss:
+//     its kernel still answers keepalives, and it grants nobody else.
 //   - its TTL passes (LockAcquireOptions.TTL, else WithTTL; none by
 //     default): the lease is lost with tenace.ErrLeaseExpired, and the lock
 //     released at once.

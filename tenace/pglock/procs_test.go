@@ -1,6 +1,7 @@
 package pglock_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -20,7 +22,7 @@ import (
 // holds a connection string; the other variables say what to do.
 const (
 	helperEnv   = "PGLOCK_TEST_HELPER_CONN"
-	helperMode  = "PGLOCK_TEST_HELPER_MODE" // "count" or "order"
+	helperMode  = "PGLOCK_TEST_HELPER_MODE" // "count", "order" or "hold"
 	helperKey   = "PGLOCK_TEST_HELPER_KEY"
 	helperFile  = "PGLOCK_TEST_HELPER_FILE"
 	helperIndex = "PGLOCK_TEST_HELPER_INDEX"
@@ -41,6 +43,15 @@ func helperProcess(conn string) int {
 	}
 	defer p.Close()
 	key, file := os.Getenv(helperKey), os.Getenv(helperFile)
+	if os.Getenv(helperMode) == "hold" {
+		// Take the lock, say so, and hold it until killed.
+		if l, err := p.Acquire(ctx, key, tenace.LockAcquireOptions{}); err != nil || l == nil {
+			fmt.Fprintln(os.Stderr, "helper: acquire:", l, err)
+			return 1
+		}
+		fmt.Println("held")
+		select {}
+	}
 	rounds := helperRounds
 	if os.Getenv(helperMode) == "order" {
 		rounds = 1
@@ -141,4 +152,33 @@ func TestFIFOAcrossProcesses(t *testing.T) {
 	b, err := os.ReadFile(file)
 	require.NoError(t, err)
 	require.Equal(t, "0\n1\n2\n3\n", string(b), "granted in arrival order")
+}
+
+// TestKilledHolderFreesTheKey: a holder process killed with SIGKILL (its
+// socket closed by the kernel) frees the key for a waiter in another
+// process at once: the server ends the session when the socket ends.
+func TestKilledHolderFreesTheKey(t *testing.T) {
+	srv := server(t)
+	p := newProvider(t, srv)
+	key := keyOf(t, "k")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+srv.ConnString(), helperMode+"=hold", helperKey+"="+key)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "held\n", line)
+	r := acquireAsync(bg, p, key, tenace.LockAcquireOptions{Timeout: 10 * time.Second})
+	waitForWaiters(t, srv, key, 1)
+	start := time.Now()
+	require.NoError(t, cmd.Process.Kill())
+	res := <-r
+	delay := time.Since(start)
+	_ = cmd.Wait()
+	require.NoError(t, res.err)
+	require.NotNil(t, res.lease, "granted within 10s of the kill")
+	t.Logf("granted %v after the holder process was killed", delay)
+	require.NoError(t, res.lease.Release(bg))
 }
