@@ -31,8 +31,11 @@
 //     as first integer, so they cannot meet the single-bigint advisory locks
 //     an application takes by hand; do not use pg_advisory_lock(int, int)
 //     with that OID yourself. A table holds up to 2³¹−1 keys, and keeps one
-//     row per key ever used (rows must never be deleted: that would reuse
-//     nothing, but a locked key whose row vanished fails).
+//     row per key ever used (rows must never be deleted: a key whose row
+//     vanished while locked fails its acquire). A key must fit in a B-tree
+//     index entry: up to about 2,700 bytes after compression (a longer one
+//     fails with the server's error; hash it yourself if you need longer
+//     keys).
 //   - Fencing tokens (leases are tenace.FencedLease) strictly increase per
 //     key, across processes and across server restarts and crashes: the
 //     fence is committed before the grant returns. A failover to a replica

@@ -3,6 +3,7 @@ package pglock_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -316,4 +317,21 @@ func TestNewRefusesAPooler(t *testing.T) {
 	l := mustAcquire(t, ps, keyOf(t, "k"), tenace.LockAcquireOptions{})
 	require.NoError(t, l.Release(bg))
 	require.NoError(t, ps.Close())
+}
+
+// TestOverlongKeyIsAnError: a key too long for the index is refused with
+// the server's error, not a panic, and leaves nothing held.
+func TestOverlongKeyIsAnError(t *testing.T) {
+	srv := server(t)
+	p := newProvider(t, srv)
+	// Incompressible: the index would store a compressible key compressed.
+	r := rand.New(rand.NewPCG(1, 2))
+	b := make([]byte, 10000)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	l, err := p.Acquire(bg, string(b), tenace.LockAcquireOptions{})
+	require.Nil(t, l)
+	require.ErrorContains(t, err, "index row")
+	require.Equal(t, tenace.LockStats{}, p.Stats())
 }
