@@ -128,7 +128,9 @@
 //     its kernel still answers keepalives, and it grants nobody else.
 //   - its TTL passes (LockAcquireOptions.TTL, else WithTTL; none by
 //     default): the lease is lost with tenace.ErrLeaseExpired, and the lock
-//     released at once.
+//     released right after — Lost closes first, then the unlock's round
+//     trip, so that the holder learns of the loss before anyone else can be
+//     granted the lock.
 //   - the provider is closed.
 //
 // Release after a loss touches nothing and returns an error wrapping

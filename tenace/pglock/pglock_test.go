@@ -236,8 +236,10 @@ func TestTTLEndsTheLease(t *testing.T) {
 	ll := l.(tenace.LosableLease)
 	<-ll.Lost()
 	require.ErrorIs(t, ll.Err(), tenace.ErrLeaseExpired)
-	// The key is free at once.
-	l2 := mustAcquire(t, p, key, tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+	// The key is released right after: Lost closes first, so that the
+	// holder learns of the loss before anyone else can get the lock, then
+	// the unlock's round trip.
+	l2 := mustAcquire(t, p, key, tenace.LockAcquireOptions{Timeout: 10 * time.Second})
 	err := l.Release(bg)
 	require.ErrorIs(t, err, tenace.ErrLeaseLost, "Release after the TTL says so")
 	require.NoError(t, l.Release(bg))
