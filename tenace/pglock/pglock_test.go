@@ -337,3 +337,81 @@ func TestOverlongKeyIsAnError(t *testing.T) {
 	require.ErrorContains(t, err, "index row")
 	require.Equal(t, tenace.LockStats{}, p.Stats())
 }
+
+// manualClock is a tenace.Clock that moves only when told.
+type manualClock struct {
+	mu  sync.Mutex
+	now time.Time
+	fns []func()
+	at  []time.Time
+}
+
+func (c *manualClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+
+func (c *manualClock) AfterFunc(d time.Duration, f func()) func() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := len(c.fns)
+	c.fns, c.at = append(c.fns, f), append(c.at, c.now.Add(d))
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		stopped := c.fns[i] != nil
+		c.fns[i] = nil
+		return stopped
+	}
+}
+
+// advance moves the clock by d and runs what fell due.
+func (c *manualClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	var due []func()
+	for i, f := range c.fns {
+		if f != nil && !c.at[i].After(c.now) {
+			due = append(due, f)
+			c.fns[i] = nil
+		}
+	}
+	c.mu.Unlock()
+	for _, f := range due {
+		go f()
+	}
+}
+
+// TestTimeoutAndTTLOnTheCallsClock: the Timeout and the TTL run on
+// LockAcquireOptions.Clock: an hour of fake time passes in no real time.
+func TestTimeoutAndTTLOnTheCallsClock(t *testing.T) {
+	srv := server(t)
+	p := newProvider(t, srv)
+	key := keyOf(t, "k")
+	clock := &manualClock{now: time.Unix(0, 0)}
+	held := mustAcquire(t, p, key, tenace.LockAcquireOptions{TTL: 2 * time.Hour, Clock: clock})
+	r := acquireAsync(bg, p, key, tenace.LockAcquireOptions{Timeout: time.Hour, Clock: clock})
+	waitForWaiters(t, srv, key, 1)
+	clock.advance(time.Hour)
+	res := <-r
+	require.NoError(t, res.err)
+	require.Nil(t, res.lease, "not granted within its Timeout of fake time")
+	require.Nil(t, held.(tenace.LosableLease).Err(), "the holder's TTL has an hour to go")
+	clock.advance(time.Hour)
+	<-held.(tenace.LosableLease).Lost()
+	require.ErrorIs(t, held.(tenace.LosableLease).Err(), tenace.ErrLeaseExpired)
+	l := mustAcquire(t, p, key, tenace.LockAcquireOptions{Timeout: 10 * time.Second})
+	require.NoError(t, l.Release(bg))
+}
+
+// TestReleaseWithAnEndedContext: the unlock cannot be sent, so the
+// connection is closed instead, which frees the lock; Release says so.
+func TestReleaseWithAnEndedContext(t *testing.T) {
+	srv := server(t)
+	p := newProvider(t, srv)
+	key := keyOf(t, "k")
+	l := mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	ctx, cancel := context.WithCancel(bg)
+	cancel()
+	require.ErrorContains(t, l.Release(ctx), "connection was closed instead")
+	l2 := mustAcquire(t, p, key, tenace.LockAcquireOptions{Timeout: 10 * time.Second})
+	require.NoError(t, l2.Release(bg))
+	require.Equal(t, tenace.LockStats{}, p.Stats())
+}
