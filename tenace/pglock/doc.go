@@ -42,7 +42,7 @@
 //     keeps them only if the replication is synchronous. WithoutFencing
 //     drops them, and with them the grant's write.
 //
-// Costs: an acquire is one round trip (two on a key's first use) and, with
+// Costs: an acquire is one round trip (three on a key's first use) and, with
 // fencing, a write transaction — a WAL flush per grant on a server with
 // synchronous_commit on; a release is one round trip. A held lease costs a
 // connection and a goroutine. Measured against two bare round trips on a
