@@ -2,10 +2,10 @@
 GO       ?= go
 FUZZTIME ?= 30s
 # Every module of the workspace (go.work); ./... alone covers only the core.
-PKGS     := ./... ./bench/... ./tenace/redislock/... ./tenace/oteltenace/...
+PKGS     := ./... ./bench/... ./tenace/redislock/... ./tenace/oteltenace/... ./tenace/pglock/...
 
-# The Redis tests need redis-server; as root, make test installs it.
-.PHONY: ensure-redis test test-race test-allocs test-verify bench bench-quick fuzz mutants lint cover run
+# The Redis tests need redis-server, the PostgreSQL tests postgresql and pgbouncer; as root, make test installs them.
+.PHONY: ensure-redis ensure-postgres test test-race test-allocs test-verify bench bench-quick fuzz mutants lint cover run
 
 ## test: everything CI checks, on every module
 test: test-race test-allocs test-verify
@@ -20,8 +20,19 @@ ensure-redis:
 			echo "make test needs redis-server: run 'sudo apt-get install redis-server'"; exit 1; \
 		fi; }
 
+## ensure-postgres: install postgresql and pgbouncer if missing (root), or say what to install
+ensure-postgres:
+	@{ ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || command -v postgres >/dev/null 2>&1; } && \
+	{ [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null 2>&1; } || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing postgresql and pgbouncer (apt-get)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql pgbouncer >/dev/null; \
+		else \
+			echo "make test needs postgresql and pgbouncer: run 'sudo apt-get install postgresql pgbouncer'"; exit 1; \
+		fi; }
+
 ## test-race: every test of every module under the race detector
-test-race: ensure-redis
+test-race: ensure-redis ensure-postgres
 	$(GO) test -race -count=1 $(PKGS)
 
 ## test-allocs: the allocation budgets (sync.Pool drops items under -race, so they run without it)

@@ -4,6 +4,7 @@ go 1.25.0
 
 require (
 	github.com/HdrHistogram/hdrhistogram-go v1.4.0
+	github.com/jackc/pgx/v5 v5.8.0
 	github.com/moby/locker v1.0.1
 	github.com/stretchr/testify v1.12.1
 	go.opentelemetry.io/otel v1.46.0
@@ -19,6 +20,9 @@ require (
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.2 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel/metric v1.46.0 // indirect
 	go.opentelemetry.io/otel/sdk v1.46.0 // indirect
@@ -42,8 +46,9 @@ require (
 	github.com/redis/go-redis/v9 v9.17.3
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/image v0.30.0 // indirect
-	golang.org/x/text v0.28.0 // indirect
+	golang.org/x/text v0.29.0 // indirect
 	tenace.dev/tenace/oteltenace v0.0.0
+	tenace.dev/tenace/pglock v0.0.0
 	tenace.dev/tenace/redislock v0.0.0
 )
 
@@ -52,5 +57,7 @@ require (
 replace tenace.dev => ../
 
 replace tenace.dev/tenace/redislock => ../tenace/redislock
+
+replace tenace.dev/tenace/pglock => ../tenace/pglock
 
 replace tenace.dev/tenace/oteltenace => ../tenace/oteltenace

@@ -19,7 +19,8 @@ type cell struct {
 	Keys       int           `json:"keys,omitempty"`
 	Hold       time.Duration `json:"hold_ns"`
 	Shards     int           `json:"shards,omitempty"`
-	Redis      string        `json:"redis,omitempty"` // the server, for the Redis implementations
+	Redis      string        `json:"redis,omitempty"`    // the server, for the Redis implementations
+	Postgres   string        `json:"postgres,omitempty"` // the connection string, for the PostgreSQL implementations
 	Duration   time.Duration `json:"duration_ns"`
 }
 
@@ -59,6 +60,12 @@ func runCell(c cell, progress io.Writer, label string) (result, error) {
 	l, ok := makeLocker(c.Impl, c.Shards)
 	if c.Redis != "" {
 		l, ok = makeRedisLocker(c.Impl, c.Redis)
+	}
+	if c.Postgres != "" {
+		var err error
+		if l, ok, err = makePostgresLocker(c.Impl, c.Postgres, c.Goroutines); err != nil {
+			return result{}, err
+		}
 	}
 	if !ok {
 		return result{}, fmt.Errorf("unknown implementation %q", c.Impl)

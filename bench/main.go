@@ -6,6 +6,7 @@
 //	go run ./bench -impl tenace,semaphore -scenario hot -goroutines 64 -hold 10us
 //	go run ./bench -out results    # also writes results.md, results.json, chart.svg
 //	go run ./bench -provider redis -redis localhost:6379   # the distributed locks
+//	go run ./bench -provider postgres -postgres 'host=localhost user=postgres'
 //	go run ./bench -otel           # the pipeline with and without the OpenTelemetry listener, and its metrics
 //
 // The Go benchmarks of the same implementations are in bench_test.go:
@@ -44,6 +45,7 @@ type config struct {
 	out        string
 	quiet      bool
 	redis      string // server address when -provider redis
+	postgres   string // connection string when -provider postgres
 }
 
 func parse(args []string, stderr io.Writer) (config, error) {
@@ -62,8 +64,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	shards := fs.Int("shards", 0, "shards of the tenace provider (0: its default, GOMAXPROCS)")
 	out := fs.String("out", "", "directory to write results.md, results.json, chart.svg and chart.png into")
 	quiet := fs.Bool("quiet", false, "no live progress line")
-	provider := fs.String("provider", "memory", "memory: the in-process locks; redis: the distributed ones (tenace-redis, redsync, bsm) on -redis")
+	provider := fs.String("provider", "memory", "memory: the in-process locks; redis: the distributed ones (tenace-redis, redsync, bsm) on -redis; postgres: tenace-pg, tenace-pg-nofence and pg-hand on -postgres")
 	redisAddr := fs.String("redis", "", "Redis server address (host:port) for -provider redis")
+	pgConn := fs.String("postgres", "", "PostgreSQL connection string for -provider postgres")
 	withOtel := fs.Bool("otel", false, "also run "+otelImpl+" (the pipeline with tenace/oteltenace's listener) and print the OpenTelemetry metrics it recorded; without -impl, runs pipeline and "+otelImpl)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: go run ./bench [flags]\n\nRuns keyed locks through contention scenarios and prints a table.\n\n")
@@ -87,6 +90,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		if *redisAddr != "" {
 			return bad("-redis goes with -provider redis")
 		}
+		if *pgConn != "" {
+			return bad("-postgres goes with -provider postgres")
+		}
 		if *withOtel && !isSet(fs, "impl") {
 			*impl = "pipeline," + otelImpl
 		} else if *withOtel && !slices.Contains(split(*impl), otelImpl) {
@@ -97,6 +103,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 			return bad("-provider redis needs -redis host:port")
 		}
 		c.redis = *redisAddr
+		if *pgConn != "" {
+			return bad("-postgres goes with -provider postgres")
+		}
 		if *withOtel {
 			return bad("-otel goes with -provider memory")
 		}
@@ -113,8 +122,32 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		if !isSet(fs, "scenario") {
 			*scenario = "distinct,hot"
 		}
+	case "postgres":
+		if *pgConn == "" {
+			return bad("-provider postgres needs -postgres CONNSTRING")
+		}
+		c.postgres = *pgConn
+		if *redisAddr != "" {
+			return bad("-redis goes with -provider redis")
+		}
+		if *withOtel {
+			return bad("-otel goes with -provider memory")
+		}
+		names = nil
+		for _, i := range postgresImpls {
+			names = append(names, i.name)
+		}
+		if !isSet(fs, "impl") {
+			*impl = strings.Join(names, ",")
+		}
+		if !isSet(fs, "goroutines") {
+			*gs = "1,8"
+		}
+		if !isSet(fs, "scenario") {
+			*scenario = "distinct,hot"
+		}
 	default:
-		return bad("-provider: %q is neither memory nor redis", *provider)
+		return bad("-provider: %q is not memory, redis or postgres", *provider)
 	}
 	for _, n := range split(*impl) {
 		if !slices.Contains(names, n) {
@@ -187,7 +220,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 						continue // takes no context: nothing to cancel
 					}
 				}
-				cells = append(cells, cell{Impl: impl, Scenario: sc, Goroutines: g, Keys: c.keys, Hold: c.hold, Shards: c.shards, Duration: c.duration, Redis: c.redis})
+				cells = append(cells, cell{Impl: impl, Scenario: sc, Goroutines: g, Keys: c.keys, Hold: c.hold, Shards: c.shards, Duration: c.duration, Redis: c.redis, Postgres: c.postgres})
 			}
 		}
 	}

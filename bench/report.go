@@ -99,7 +99,7 @@ func writeOutputs(dir string, rs []result) error {
 func baseOf(rs []result, r result) *result {
 	for i := range rs {
 		b := &rs[i]
-		if (b.Impl == "tenace" || b.Impl == "tenace-redis") && b.Scenario == r.Scenario && b.Goroutines == r.Goroutines {
+		if (b.Impl == "tenace" || b.Impl == "tenace-redis" || b.Impl == "tenace-pg") && b.Scenario == r.Scenario && b.Goroutines == r.Goroutines {
 			return b
 		}
 	}

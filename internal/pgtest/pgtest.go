@@ -1,0 +1,346 @@
+// Package pgtest starts throwaway PostgreSQL servers for tests and
+// benchmarks: each is a fresh cluster (initdb) in its own temporary
+// directory, listening on a free loopback port with its unix socket in that
+// directory, stopped and removed when the test ends.
+//
+// It uses the binaries of Debian's postgresql package, found under
+// /usr/lib/postgresql/<version>/bin (the newest version), or on PATH. The
+// server refuses to run as root, so when the tests run as root, initdb and
+// postgres run as the postgres user (which the package creates) and the
+// temporary directory is owned by it.
+//
+// StartPooler puts a PgBouncer (Debian's pgbouncer package) in front of a
+// server, for tests of what a pooler breaks.
+//
+// When PostgreSQL is not installed, Start skips the test — except when the CI
+// environment variable is set, where it fails instead, so that CI never
+// passes by skipping. Install it with `apt-get install postgresql`
+// (.ci/run and make test do so where they can).
+//
+// The servers run with fsync off, which is safe here: Kill and Restart stop
+// processes, not the machine, so what the server wrote is in the page cache
+// and a restart on the same data directory finds it (crash recovery replays
+// the WAL after Kill).
+//
+// Only the standard library is used (SQL runs through the psql client), so
+// that the core module gains no dependency.
+package pgtest
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// readyLine is what the postmaster logs once it accepts connections.
+const readyLine = "database system is ready to accept connections"
+
+// startTimeout bounds initdb and a start; a healthy server needs a second or
+// two.
+const startTimeout = 30 * time.Second
+
+// Server is one PostgreSQL cluster. Stop, Kill, Restart and Close are not
+// safe for concurrent use; Exec is.
+type Server struct {
+	// Port is the TCP port on 127.0.0.1; it stays the same across Restart.
+	Port int
+
+	bin     string // the directory of initdb, postgres and psql
+	dir     string // owned by the server's user: data/ and the socket
+	cred    *syscall.Credential
+	cmd     *exec.Cmd
+	done    chan error // the postmaster's exit, buffered
+	stopped bool
+}
+
+// ErrNotInstalled is returned by New when no PostgreSQL binaries are found.
+var ErrNotInstalled = errors.New("PostgreSQL is not installed: apt-get install postgresql (make test installs it when run as root)")
+
+// Start creates and starts a server for tb and registers its removal with
+// tb.Cleanup. Without PostgreSQL it skips tb, or fails it when CI is set.
+func Start(tb testing.TB) *Server {
+	tb.Helper()
+	s, err := New()
+	Require(tb, err)
+	tb.Cleanup(s.Close)
+	return s
+}
+
+// Require skips tb when err is ErrNotInstalled (fails it when the CI
+// environment variable is set: CI must not skip the PostgreSQL tests), and
+// fails it on any other error.
+func Require(tb testing.TB, err error) {
+	tb.Helper()
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrNotInstalled) && os.Getenv("CI") == "":
+		tb.Skip(err)
+	case errors.Is(err, ErrNotInstalled):
+		tb.Fatalf("%v; CI must not skip the PostgreSQL tests", err)
+	default:
+		tb.Fatalf("pgtest: %v", err)
+	}
+}
+
+// New creates and starts a server, for a TestMain that shares one server
+// between tests; the caller must Close it. It returns ErrNotInstalled (see
+// Require) when PostgreSQL is missing.
+func New() (*Server, error) {
+	bin, err := findBin()
+	if err != nil {
+		return nil, fmt.Errorf("%w (%v)", ErrNotInstalled, err)
+	}
+	s := &Server{bin: bin}
+	if s.dir, s.cred, err = makeDir(); err != nil {
+		return nil, err
+	}
+	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", s.dataDir(), "-U", "postgres",
+		"-A", "trust", "-E", "UTF8", "--no-sync", "--no-instructions", "--locale=C")
+	initdb.SysProcAttr = s.sysProcAttr()
+	if out, err := initdb.CombinedOutput(); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("initdb: %v\n%s", err, out)
+	}
+	// A free port can be taken by someone else before the server binds it:
+	// try a few.
+	for attempt := 0; ; attempt++ {
+		if s.Port, err = freePort(); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("no free loopback port: %v", err)
+		}
+		if err = s.start(); err == nil {
+			return s, nil
+		}
+		if attempt == 4 || !strings.Contains(err.Error(), "could not bind") && !strings.Contains(err.Error(), "could not create any TCP/IP sockets") {
+			s.Close()
+			return nil, err
+		}
+	}
+}
+
+// Close stops the server and removes its directory. It is idempotent.
+func (s *Server) Close() {
+	if s == nil {
+		return
+	}
+	s.Stop()
+	_ = os.RemoveAll(s.dir)
+}
+
+// ConnString is a libpq keyword/value connection string for the server's
+// postgres database, as the superuser postgres, over TCP.
+func (s *Server) ConnString() string {
+	return fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres sslmode=disable", s.Port)
+}
+
+// Addr is the server's host:port.
+func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port)) }
+
+// DataDir is the cluster's data directory, kept across Kill, Stop and
+// Restart.
+func (s *Server) DataDir() string { return s.dataDir() }
+
+func (s *Server) dataDir() string { return filepath.Join(s.dir, "data") }
+
+// findBin returns the bin directory of the newest PostgreSQL under
+// /usr/lib/postgresql, else the directory of postgres on PATH.
+func findBin() (string, error) {
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) > version(dirs[j]) })
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "postgres")); err == nil {
+			return d, nil
+		}
+	}
+	p, err := exec.LookPath("postgres")
+	if err != nil {
+		return "", errors.New("no postgres binary under /usr/lib/postgresql/*/bin nor on PATH")
+	}
+	return filepath.Dir(p), nil
+}
+
+func version(binDir string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return n
+}
+
+// makeDir makes the temporary directory, owned by the postgres user when we
+// are root (the server refuses to run as root); cred is then the postgres
+// user's, nil otherwise.
+func makeDir() (string, *syscall.Credential, error) {
+	dir, err := os.MkdirTemp("", "pgtest-")
+	if err != nil {
+		return "", nil, err
+	}
+	if os.Geteuid() != 0 {
+		return dir, nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("running as root, and there is no postgres user to run the server as: %v", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	if err := os.Chown(dir, uid, gid); err != nil {
+		_ = os.RemoveAll(dir)
+		return "", nil, err
+	}
+	return dir, &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+func (s *Server) sysProcAttr() *syscall.SysProcAttr {
+	// Pdeathsig: a test binary that dies takes its server with it
+	// (SIGQUIT is PostgreSQL's immediate shutdown).
+	return &syscall.SysProcAttr{Credential: s.cred, Pdeathsig: syscall.SIGQUIT, Setpgid: true}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// start runs the postmaster and returns once it logs that it accepts
+// connections.
+func (s *Server) start() error {
+	s.cmd = exec.Command(filepath.Join(s.bin, "postgres"),
+		"-D", s.dataDir(), "-p", strconv.Itoa(s.Port), "-k", s.dir,
+		"-c", "listen_addresses=127.0.0.1",
+		"-c", "fsync=off", "-c", "full_page_writes=off",
+		"-c", "max_connections=200",
+		"-c", "logging_collector=off", "-c", "log_destination=stderr")
+	s.cmd.SysProcAttr = s.sysProcAttr()
+	out, err := s.cmd.StderrPipe()
+	if err != nil {
+		return err
+	}
+	if err := s.cmd.Start(); err != nil {
+		return fmt.Errorf("starting postgres: %w", err)
+	}
+	s.stopped = false
+	done := make(chan error, 1) // the reader goroutine never blocks on it
+	s.done = done
+	ready := make(chan struct{})
+	var lines []string // what it logged before it was ready, for the error
+	go func() {
+		sc := bufio.NewScanner(out)
+		isReady := false
+		for sc.Scan() {
+			if !isReady {
+				lines = append(lines, sc.Text())
+				if strings.Contains(sc.Text(), readyLine) {
+					isReady = true
+					close(ready)
+				}
+			}
+		}
+		err := s.cmd.Wait()
+		if !isReady {
+			err = fmt.Errorf("%v: %s", err, strings.Join(lines, "\n"))
+		}
+		done <- err
+	}()
+	// The server says when it is ready; no polling.
+	t := time.NewTimer(startTimeout)
+	defer t.Stop()
+	select {
+	case <-ready:
+		return nil
+	case err := <-done:
+		done <- err
+		s.stopped = true
+		return fmt.Errorf("postgres exited at start: %v", err)
+	case <-t.C:
+		s.signal(syscall.SIGQUIT)
+		<-done
+		s.stopped = true
+		return fmt.Errorf("postgres was not ready within %v", startTimeout)
+	}
+}
+
+func (s *Server) signal(sig syscall.Signal) {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(sig)
+	}
+}
+
+// halt sends sig to the postmaster and waits for it to exit.
+func (s *Server) halt(sig syscall.Signal) {
+	if s == nil || s.cmd == nil || s.stopped {
+		return
+	}
+	s.signal(sig)
+	<-s.done
+	s.stopped = true
+}
+
+// Stop shuts the server down cleanly (fast shutdown: every session is
+// terminated, the server checkpoints and exits) and waits for it to exit.
+// It is idempotent; Restart starts it again.
+func (s *Server) Stop() { s.halt(syscall.SIGINT) }
+
+// Kill stops the server abruptly, as a crash would (immediate shutdown:
+// every process quits at once, without a checkpoint), and waits for it to
+// exit. Restart recovers from the WAL, so committed data survives.
+func (s *Server) Kill() { s.halt(syscall.SIGQUIT) }
+
+// Restart stops the server if it runs (cleanly) and starts it again on the
+// same port and data directory.
+func (s *Server) Restart(tb testing.TB) {
+	tb.Helper()
+	s.Stop()
+	if err := s.start(); err != nil {
+		tb.Fatalf("pgtest: restart: %v", err)
+	}
+}
+
+// Exec runs sql (one or more statements) with psql as the superuser, and
+// returns what it printed: unaligned, tuples only, one row a line, columns
+// separated by '|', without the trailing newline.
+func (s *Server) Exec(sql string) (string, error) {
+	cmd := exec.Command(filepath.Join(s.bin, "psql"), "-X", "-q", "-A", "-t",
+		"-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", strconv.Itoa(s.Port),
+		"-U", "postgres", "-d", "postgres", "-c", sql)
+	cmd.Env = append(os.Environ(), "PGCONNECT_TIMEOUT=10", "PGSSLMODE=disable")
+	out, err := cmd.CombinedOutput()
+	res := strings.TrimRight(string(out), "\n")
+	if err != nil {
+		return res, fmt.Errorf("psql %q: %v: %s", sql, err, res)
+	}
+	return res, nil
+}
+
+// MustExec is Exec that fails the test on error.
+func (s *Server) MustExec(tb testing.TB, sql string) string {
+	tb.Helper()
+	out, err := s.Exec(sql)
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	return out
+}
+
+// Terminate ends the backend with process id pid (pg_terminate_backend),
+// as an administrator would, and waits for it to exit (up to 10 s).
+func (s *Server) Terminate(tb testing.TB, pid uint32) {
+	tb.Helper()
+	out := s.MustExec(tb, fmt.Sprintf("SELECT pg_terminate_backend(%d, 10000)", pid))
+	if out != "t" {
+		tb.Fatalf("pgtest: pg_terminate_backend(%d) returned %q", pid, out)
+	}
+}

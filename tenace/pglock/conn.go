@@ -1,0 +1,180 @@
+package pglock
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// cancelGrace bounds how long a statement whose context ended may keep its
+// caller: the server is sent a cancel request at once, and if neither the
+// statement's end nor the cancel's answer arrives within cancelGrace (a
+// stalled server, a lost network), the connection is given up (its reads and
+// writes time out, and pgconn closes it).
+const cancelGrace = 2 * time.Second
+
+// cleanupTimeout bounds the statements run on a context that is not the
+// caller's: the unlock after a TTL, a provider's Close.
+const cleanupTimeout = 5 * time.Second
+
+// DefaultKeepalive is the TCP keepalive of the provider's connections, on
+// both ends: the client's socket, and the server's (tcp_keepalives_idle,
+// _interval and _count, set for the session). Over TCP a peer that
+// vanishes without closing its socket (a machine that died, a network that
+// dropped packets) is noticed after Idle + Interval × Count of silence at
+// most: then the client's lease is lost (its Lost channel closes), and the
+// server ends the session, which releases its locks.
+var DefaultKeepalive = net.KeepAliveConfig{Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3}
+
+// cancelRepeat is how often a cancel request is sent again while the
+// statement has not ended (see cancelHandler).
+const cancelRepeat = 20 * time.Millisecond
+
+// cancelHandler is the pgconn context handler of the provider's
+// connections. When a statement's context ends, it sends the server a
+// cancel request, so that a waiting pg_advisory_lock stops waiting on the
+// server instead of being abandoned there to take the lock later; and sets
+// a deadline of cancelGrace on the socket as a fallback (then pgconn closes
+// the connection).
+//
+// It sends the cancel again every cancelRepeat until the statement ends: a
+// cancel request travels on a connection of its own, and one that reaches
+// the backend before the statement does is ignored (the backend is idle),
+// which would leave the statement waiting on the server after the client
+// gave up — a waiter nobody waits for, which takes the lock when its turn
+// comes. pgx's own CancelRequestContextWatcherHandler sends one cancel and
+// then sleeps 100 ms, to keep a late cancel from hitting the connection's
+// next statement; this provider never reuses a connection whose statement
+// saw its context end (see discard), so it needs neither.
+//
+// No cancel is sent before the connection's startup has finished (ready,
+// set by the pool's AfterConnect): the backend's key is not known yet, and
+// there is no statement to cancel.
+type cancelHandler struct {
+	conn  *pgconn.PgConn
+	ready atomic.Bool
+	// Owned by pgconn's context watcher, which calls HandleCancel and then
+	// HandleUnwatchAfterCancel in sequence.
+	stop context.CancelFunc
+	done chan struct{} // closed when the cancel requests are over
+}
+
+var _ ctxwatch.Handler = (*cancelHandler)(nil)
+
+func (h *cancelHandler) HandleCancel(context.Context) {
+	deadline := time.Now().Add(cancelGrace)
+	_ = h.conn.Conn().SetDeadline(deadline)
+	ctx, stop := context.WithDeadline(context.Background(), deadline)
+	done := make(chan struct{})
+	h.stop, h.done = stop, done
+	if !h.ready.Load() {
+		close(done)
+		return
+	}
+	go func() {
+		defer close(done)
+		t := time.NewTimer(cancelRepeat)
+		defer t.Stop()
+		for {
+			_ = h.conn.CancelRequest(ctx)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				t.Reset(cancelRepeat)
+			}
+		}
+	}()
+}
+
+func (h *cancelHandler) HandleUnwatchAfterCancel() {
+	h.stop()
+	<-h.done
+	_ = h.conn.Conn().SetDeadline(time.Time{})
+}
+
+// handlerKey is where a connection's CustomData keeps its cancelHandler,
+// for the pool's AfterConnect to mark it ready.
+const handlerKey = "tenace.dev/tenace/pglock.cancelHandler"
+
+// configure turns the caller's pool configuration into the provider's:
+// its own bound, the cancel handler, keepalives on both ends, and session
+// settings that keep a DBA's defaults from breaking the locks.
+func configure(cfg *pgxpool.Config, maxConns int, ka net.KeepAliveConfig) {
+	cfg.MaxConns = int32(maxConns)
+	if cfg.MinConns > cfg.MaxConns {
+		cfg.MinConns = cfg.MaxConns
+	}
+	cc := cfg.ConnConfig
+	cc.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		h := &cancelHandler{conn: c}
+		c.CustomData()[handlerKey] = h
+		return h
+	}
+	after := cfg.AfterConnect
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if h, ok := c.PgConn().CustomData()[handlerKey].(*cancelHandler); ok {
+			h.ready.Store(true)
+		}
+		if after != nil {
+			return after(ctx, c)
+		}
+		return nil
+	}
+	dial := cc.DialFunc
+	cc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if tc, ok := c.(*net.TCPConn); ok && err == nil && ka.Enable {
+			_ = tc.SetKeepAliveConfig(ka)
+		}
+		return c, err
+	}
+	if cc.RuntimeParams == nil {
+		cc.RuntimeParams = map[string]string{}
+	}
+	rp := cc.RuntimeParams
+	// A wait is bounded by the caller's Timeout and ctx only.
+	rp["statement_timeout"] = "0"
+	rp["lock_timeout"] = "0"
+	// The acquire statement updates the key's fence after the lock wait, in
+	// the snapshot it took before: READ COMMITTED rereads the row's newest
+	// version (REPEATABLE READ would fail with a serialization error).
+	rp["default_transaction_isolation"] = "read committed"
+	if ka.Enable {
+		rp["tcp_keepalives_idle"] = itoa(int(ka.Idle / time.Second))
+		rp["tcp_keepalives_interval"] = itoa(int(ka.Interval / time.Second))
+		rp["tcp_keepalives_count"] = itoa(ka.Count)
+	}
+}
+
+func itoa(n int) string {
+	if n < 1 {
+		n = 1
+	}
+	var b [20]byte
+	i := len(b)
+	for n > 0 {
+		i--
+		b[i] = byte('0' + n%10)
+		n /= 10
+	}
+	return string(b[i:])
+}
+
+// discard closes c's connection instead of returning it to the pool: the
+// server ends the session, which releases every lock it holds. It is the
+// answer to every uncertain state: a statement whose context ended (a
+// cancel request may still be on its way, and a grant may have landed), an
+// unlock that failed. Closing is bounded by cleanupTimeout.
+func discard(c *pgxpool.Conn) {
+	conn := c.Hijack()
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	_ = conn.Close(ctx)
+}

@@ -1,0 +1,15 @@
+package pglock
+
+import "tenace.dev/tenace"
+
+// BackendPID is the process id of the server backend whose session holds
+// l's lock.
+func BackendPID(l tenace.LockLease) uint32 {
+	if u, ok := l.(unfenced); ok {
+		return u.l.pid
+	}
+	return l.(*lease).pid
+}
+
+// ClassID is the first key of the provider's advisory locks.
+func (p *Provider) ClassID() int32 { return p.classID }

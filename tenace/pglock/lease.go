@@ -1,0 +1,229 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"tenace.dev/tenace"
+)
+
+// lease is one grant: the connection whose session holds the advisory lock
+// (pinned from grant to end), a watcher goroutine that learns at once when
+// that connection ends, and the TTL timer.
+//
+// Concurrency: exactly one of Release, the TTL timer, the watcher (a lost
+// connection) and the provider's Close ends the lease: the one that moves
+// state from held to ended. It alone touches conn afterwards — except the
+// watcher, which owns conn's reads while it runs; the ender stops it (a read
+// deadline in the past) and waits for watchDone before using conn.
+type lease struct {
+	tenace.LeaseSignal
+	p     *Provider
+	conn  *pgxpool.Conn
+	key   string
+	id    int32
+	token uint64
+	pid   uint32 // the backend's process id, for tests and errors
+
+	state     atomic.Int32 // leaseHeld, then leaseEnded
+	stopping  atomic.Bool  // set by the ender before it stops the watcher
+	reported  atomic.Bool  // a Release has returned the loss
+	watchDone chan struct{}
+	watchErr  error                       // what ended the watcher; written before watchDone closes
+	stopTTL   atomic.Pointer[func() bool] // set once the TTL timer runs
+}
+
+const (
+	leaseInvalid int32 = iota // the zero value: never a live lease
+	leaseHeld
+	leaseEnded
+)
+
+var (
+	_ tenace.FencedLease  = (*lease)(nil)
+	_ tenace.LosableLease = (*lease)(nil)
+)
+
+// grant turns conn, whose session now holds the lock of key, into a lease,
+// which owns conn and its connection slot from here, even when grant
+// fails (the provider was closed meanwhile: the lease ends at once).
+func (p *Provider) grant(conn *pgxpool.Conn, key string, id int32, fence uint64, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
+	l := &lease{p: p, conn: conn, key: key, id: id, token: fence, pid: conn.Conn().PgConn().PID(), watchDone: make(chan struct{})}
+	l.state.Store(leaseHeld)
+	p.held.Add(1)
+	// The watcher runs before anyone can end the lease: an ender waits for
+	// it to stop.
+	go l.watch()
+	p.mu.Lock()
+	if p.isEnded {
+		p.mu.Unlock()
+		l.end(fmt.Errorf("%w: the provider was closed as the lock on %q was granted", tenace.ErrLeaseLost, key))
+		return nil, p.closedErr()
+	}
+	p.leases[l] = struct{}{}
+	p.mu.Unlock()
+	ttl := opts.TTL
+	if ttl == 0 {
+		ttl = p.ttl
+	}
+	if ttl > 0 {
+		// An ender that comes before stopTTL is set finds no timer to stop;
+		// the timer then finds the lease ended and does nothing.
+		expired := func() {
+			l.end(fmt.Errorf("%w: pglock: the lock on %q reached its TTL of %v and was released", tenace.ErrLeaseExpired, key, ttl))
+		}
+		var stop func() bool
+		if opts.Clock == nil {
+			stop = time.AfterFunc(ttl, expired).Stop
+		} else {
+			stop = opts.Clock.AfterFunc(ttl, expired)
+		}
+		l.stopTTL.Store(&stop)
+	}
+	if !p.fencing {
+		return unfenced{l}, nil
+	}
+	return l, nil
+}
+
+// unfenced is a lease of a provider WithoutFencing: it has no Token.
+type unfenced struct{ l *lease }
+
+var _ tenace.LosableLease = unfenced{}
+
+// Release is (*lease).Release.
+func (u unfenced) Release(ctx context.Context) error { return u.l.Release(ctx) }
+
+// Lost is (*lease).Lost.
+func (u unfenced) Lost() <-chan struct{} { return u.l.Lost() }
+
+// Err is (*lease).Err.
+func (u unfenced) Err() error { return u.l.Err() }
+
+// Token is the lease's fencing token: the key's counter in the table of
+// keys, incremented in the statement that took the lock. It strictly
+// increases, grant after grant, across processes and server restarts (it is
+// committed before the grant is returned).
+func (l *lease) Token() uint64 { return l.token }
+
+// Release unlocks the key and returns the connection to the pool. A second
+// call does nothing and returns nil. After the lease was lost (its
+// connection ended, its TTL passed, the provider closed) it touches nothing
+// and returns an error wrapping tenace.ErrLeaseLost that says why (the
+// first Release after the loss; later ones return nil). When the unlock
+// itself fails (ctx ended, the server went away), the connection is closed
+// instead, which releases the lock when the server ends the session, and
+// the error is returned.
+func (l *lease) Release(ctx context.Context) error {
+	if !l.state.CompareAndSwap(leaseHeld, leaseEnded) {
+		if err := l.Err(); err != nil && l.reportLoss() {
+			return fmt.Errorf("pglock: Release of %q touched nothing: %w", l.key, err)
+		}
+		return nil
+	}
+	return l.finish(ctx, nil)
+}
+
+// reported is set by the first Release that returned the loss.
+func (l *lease) reportLoss() bool { return l.reported.CompareAndSwap(false, true) }
+
+// end ends the lease as lost with cause (wrapping the lost error), if it is
+// still held: the TTL timer, the provider's Close.
+func (l *lease) end(cause error) {
+	if l.state.CompareAndSwap(leaseHeld, leaseEnded) {
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		defer cancel()
+		_ = l.finish(ctx, cause)
+	}
+}
+
+// finish is run by the one ender: stop the TTL timer and the watcher; if
+// the connection died meanwhile, the lease is lost; otherwise unlock (or
+// discard the connection) and give the connection back. cause, when not
+// nil, is why the lease is lost (TTL, Close): the lost signal fires first,
+// so that fn's context ends before the lock is released.
+func (l *lease) finish(ctx context.Context, cause error) error {
+	if cause != nil {
+		l.Lose(cause)
+	}
+	if stop := l.stopTTL.Load(); stop != nil {
+		(*stop)()
+	}
+	defer l.p.forget(l)
+	l.stopping.Store(true)
+	_ = l.conn.Conn().PgConn().Conn().SetReadDeadline(time.Now())
+	<-l.watchDone
+	if l.watchErr != nil {
+		// The connection ended before we could unlock: the server has
+		// released the lock already, and may have granted it to another.
+		l.Lose(l.lostErr(l.watchErr))
+		discard(l.conn)
+		if cause == nil {
+			l.reported.Store(true)
+			return fmt.Errorf("pglock: Release of %q touched nothing: %w", l.key, l.Err())
+		}
+		return nil
+	}
+	_ = l.conn.Conn().PgConn().Conn().SetReadDeadline(time.Time{})
+	var unlocked bool
+	err := l.conn.QueryRow(ctx, `SELECT pg_advisory_unlock($1::int4, $2)`, l.p.classID, l.id).Scan(&unlocked)
+	if err == nil && !unlocked {
+		err = errors.New("the session did not hold the lock")
+	}
+	if err != nil {
+		discard(l.conn)
+		return fmt.Errorf("pglock: unlocking %q: %w; its connection was closed instead, which releases the lock when the server ends the session", l.key, err)
+	}
+	l.conn.Release()
+	return nil
+}
+
+// forget drops the lease from the provider's books and frees its
+// connection slot.
+func (p *Provider) forget(l *lease) {
+	p.mu.Lock()
+	delete(p.leases, l)
+	p.mu.Unlock()
+	p.held.Add(-1)
+	<-p.slots
+}
+
+func (l *lease) lostErr(err error) error {
+	return fmt.Errorf("%w: pglock: the connection holding the lock on %q (backend %d) ended: %v; the server released the lock with the session, and another caller may hold it now", tenace.ErrLeaseLost, l.key, l.pid, err)
+}
+
+// watch waits on the pinned connection, which is idle while the lock is
+// held: the server sends nothing to it (no LISTEN), so a read returns only
+// when the connection ends — the backend terminated (pg_terminate_backend,
+// a shutdown or restart: the server says so and closes the socket), the
+// socket closed, or the keepalive found the peer gone — or when the ender
+// stops it with a read deadline.
+func (l *lease) watch() {
+	defer close(l.watchDone)
+	pc := l.conn.Conn().PgConn()
+	for {
+		err := pc.WaitForNotification(context.Background())
+		if err == nil {
+			continue // a notification: nobody listens, but harmless
+		}
+		var ne net.Error
+		if l.stopping.Load() && errors.As(err, &ne) && ne.Timeout() {
+			return // stopped by the ender
+		}
+		l.watchErr = err
+		if l.state.CompareAndSwap(leaseHeld, leaseEnded) {
+			// The watcher is the ender: nobody else touches conn.
+			// (A pending TTL timer finds the lease ended and does nothing.)
+			l.Lose(l.lostErr(err))
+			discard(l.conn)
+			l.p.forget(l)
+		}
+		return
+	}
+}

@@ -1,0 +1,539 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"tenace.dev/tenace"
+)
+
+// Defaults.
+const (
+	// DefaultTable is the table that maps keys to lock ids and fences.
+	DefaultTable = "tenace_lock_keys"
+	// DefaultMaxConns bounds the connections of a provider: held locks plus
+	// waiting callers (see WithMaxConns).
+	DefaultMaxConns = 16
+)
+
+// ErrPoolExhausted is returned by Acquire with NoWait when every connection
+// the provider may open is pinned by a held lock or a waiting caller. With a
+// Timeout or a ctx deadline Acquire waits for a connection instead, within
+// the same bound as for the lock.
+var ErrPoolExhausted = errors.New("pglock: every connection of the provider is pinned by a held lock or a waiting caller, and NoWait does not wait for one; raise WithMaxConns, or wait with a Timeout")
+
+// ErrPooler is returned by New when the connection goes through a pooler
+// (PgBouncer, pgcat, Supavisor...): a session advisory lock must stay with
+// one server session from lock to unlock, which a pooler in transaction or
+// statement mode does not keep. Connect to the server directly, or, for a
+// pooler in session mode, pass AllowPooler.
+var ErrPooler = errors.New("pglock: the connection goes through a pooler (the backend's process id differs from the one the server reported at connect); session advisory locks need a direct connection: connect to PostgreSQL itself, or pass pglock.AllowPooler() if the pooler runs in session mode")
+
+// Provider is a tenace.LockProvider on PostgreSQL advisory locks. Create it
+// with New or NewWithConfig; it is safe for concurrent use. Close it when
+// done: it owns a connection pool.
+type Provider struct {
+	pool     *pgxpool.Pool
+	table    string // sanitized, possibly schema-qualified
+	classID  int32  // the first key of every advisory lock: the table's OID
+	ttl      time.Duration
+	maxConns int
+	fencing  bool          // leases carry a fencing token (not WithoutFencing)
+	slots    chan struct{} // a token per connection in use (held + waiting); cap maxConns
+
+	lockSQL, tryLockSQL, registerSQL string
+
+	held    atomic.Int64 // leases held through this provider
+	waiting atomic.Int64 // callers inside Acquire
+	longest atomic.Int64 // most callers inside Acquire for one key
+
+	closed  context.Context // ends when Close is called; its cause is ErrProviderClosed
+	close   context.CancelCauseFunc
+	mu      sync.Mutex          // guards leases, isEnded and queues
+	leases  map[*lease]struct{} // held leases, for Close
+	isEnded bool
+	queues  queues
+	ended   sync.Once
+}
+
+// queues counts the callers inside Acquire per key, so that Stats can say
+// the longest queue in O(1): keysWith[n] is the number of keys with n
+// callers, and longest the largest n with keysWith[n] > 0.
+type queues struct {
+	perKey   map[string]int
+	keysWith []int
+	longest  int
+}
+
+func (q *queues) add(key string, d int) {
+	if q.perKey == nil {
+		q.perKey = map[string]int{}
+	}
+	n := q.perKey[key]
+	if n > 0 {
+		q.keysWith[n]--
+	}
+	n += d
+	if n == 0 {
+		delete(q.perKey, key)
+	} else {
+		q.perKey[key] = n
+		for len(q.keysWith) <= n {
+			q.keysWith = append(q.keysWith, 0)
+		}
+		q.keysWith[n]++
+	}
+	q.longest = max(q.longest, n)
+	for q.longest > 0 && q.keysWith[q.longest] == 0 {
+		q.longest--
+	}
+}
+
+func (p *Provider) queue(key string, d int) {
+	p.mu.Lock()
+	p.queues.add(key, d)
+	p.longest.Store(int64(p.queues.longest))
+	p.waiting.Add(int64(d))
+	p.mu.Unlock()
+}
+
+// Stats reports the leases held through this provider and the callers
+// waiting in this process (inside Acquire, whether for a connection or on
+// the server's lock queue), and the most of those waiting for one key. It
+// is three atomic loads.
+func (p *Provider) Stats() tenace.LockStats {
+	return tenace.LockStats{Held: int(p.held.Load()), Waiting: int(p.waiting.Load()), LongestQueue: int(p.longest.Load())}
+}
+
+var (
+	_ tenace.LockProvider  = (*Provider)(nil)
+	_ tenace.StatsProvider = (*Provider)(nil)
+)
+
+type settings struct {
+	table       string
+	maxConns    int
+	ttl         time.Duration
+	keepalive   net.KeepAliveConfig
+	setup       bool
+	allowPooler bool
+	fencing     bool
+}
+
+// Option configures New.
+type Option interface{ apply(*settings) }
+
+type optionFunc func(*settings)
+
+func (f optionFunc) apply(s *settings) { f(s) }
+
+// WithTable sets the table of keys (default DefaultTable); "schema.table"
+// names a schema too. Every provider that must exclude the others uses the
+// same table: the lock ids and fences are rows of it. It panics on an empty
+// name.
+func WithTable(name string) Option {
+	if name == "" {
+		panic("tenace: pglock.WithTable: empty table name")
+	}
+	return optionFunc(func(s *settings) { s.table = name })
+}
+
+// WithMaxConns bounds the connections the provider opens (default
+// DefaultMaxConns). A held lock pins one connection from Acquire to Release,
+// and a waiting caller one too: N holders and M waiters use N+M connections.
+// When all are in use, Acquire waits for one within its Timeout and ctx, or
+// returns ErrPoolExhausted with NoWait. Leave room in the server's
+// max_connections for every process. It panics if n < 1.
+func WithMaxConns(n int) Option {
+	if n < 1 {
+		panic("tenace: pglock.WithMaxConns: n must be at least 1")
+	}
+	return optionFunc(func(s *settings) { s.maxConns = n })
+}
+
+// WithTTL sets the default longest hold, used when the call gives no TTL.
+// The default is 0: a lock is held until Release, or until its connection
+// ends (the holder's process dies, the server restarts...). It panics if d
+// is negative.
+func WithTTL(d time.Duration) Option {
+	if d < 0 {
+		panic("tenace: pglock.WithTTL: negative TTL")
+	}
+	return optionFunc(func(s *settings) { s.ttl = d })
+}
+
+// WithKeepalive sets the TCP keepalive of the connections (default
+// DefaultKeepalive); Enable false leaves the dialer's and the server's own.
+func WithKeepalive(ka net.KeepAliveConfig) Option {
+	return optionFunc(func(s *settings) { s.keepalive = ka })
+}
+
+// WithoutSetup makes New only check that the table exists, instead of
+// creating it when missing: for a role without CREATE, when the table is
+// made by a migration (see Schema).
+func WithoutSetup() Option { return optionFunc(func(s *settings) { s.setup = false }) }
+
+// AllowPooler lets New accept a connection through a pooler, which it
+// refuses otherwise (ErrPooler). Use it only for a pooler in session mode,
+// which keeps a client on one server session.
+func AllowPooler() Option { return optionFunc(func(s *settings) { s.allowPooler = true }) }
+
+// WithoutFencing drops the fencing token: the acquire statement then only
+// takes the lock, and writes nothing, so a grant costs no commit (on a
+// server that flushes its WAL on commit, the fence's write is most of an
+// uncontended acquire; see bench/README.md). The leases are then not
+// tenace.FencedLease. Use it where nothing downstream checks tokens.
+func WithoutFencing() Option { return optionFunc(func(s *settings) { s.fencing = false }) }
+
+// Schema returns the statement that creates the table of keys, for a
+// migration tool (see WithoutSetup). table is a name as WithTable takes it.
+func Schema(table string) string { return schema(sanitize(table)) }
+
+func schema(table string) string {
+	return `CREATE TABLE IF NOT EXISTS ` + table + ` (
+	id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	key bytea NOT NULL UNIQUE,
+	fence bigint NOT NULL DEFAULT 0
+)`
+}
+
+func sanitize(name string) string { return pgx.Identifier(strings.Split(name, ".")).Sanitize() }
+
+// New connects to PostgreSQL with connString (a URL or keyword/value string,
+// as pgxpool.ParseConfig takes it) and returns a provider. See
+// NewWithConfig.
+func New(ctx context.Context, connString string, opts ...Option) (*Provider, error) {
+	cfg, err := pgxpool.ParseConfig(connString)
+	if err != nil {
+		return nil, fmt.Errorf("pglock: parsing the connection string: %w", err)
+	}
+	return NewWithConfig(ctx, cfg, opts...)
+}
+
+// NewWithConfig returns a provider with a pool of its own built from a copy
+// of cfg: its MaxConns is the provider's bound (WithMaxConns), and the
+// provider sets the connections' context handler (cancel requests),
+// keepalives and session settings (statement_timeout and lock_timeout 0,
+// READ COMMITTED). It connects once to check the server: it creates the
+// table of keys when missing (unless WithoutSetup), and refuses a pooler
+// (ErrPooler) or a server in recovery (a standby cannot take locks that
+// exclude the primary's, nor write fences). It panics if cfg is nil.
+func NewWithConfig(ctx context.Context, cfg *pgxpool.Config, opts ...Option) (*Provider, error) {
+	if cfg == nil {
+		panic("tenace: pglock.NewWithConfig: nil config")
+	}
+	s := settings{table: DefaultTable, maxConns: DefaultMaxConns, keepalive: DefaultKeepalive, setup: true, fencing: true}
+	for _, o := range opts {
+		o.apply(&s)
+	}
+	cfg = cfg.Copy()
+	configure(cfg, s.maxConns, s.keepalive)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pglock: creating the pool: %w", err)
+	}
+	p := &Provider{
+		pool: pool, table: sanitize(s.table), ttl: s.ttl, maxConns: s.maxConns, fencing: s.fencing,
+		slots: make(chan struct{}, s.maxConns), leases: map[*lease]struct{}{},
+	}
+	p.closed, p.close = context.WithCancelCause(context.Background())
+	if err := p.check(ctx, s); err != nil {
+		p.close(tenace.ErrProviderClosed)
+		pool.Close()
+		return nil, err
+	}
+	p.prepareSQL()
+	return p, nil
+}
+
+// check connects once: pooler, recovery, table, class id.
+func (p *Provider) check(ctx context.Context, s settings) error {
+	c, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("pglock: connecting to PostgreSQL: %w", err)
+	}
+	defer c.Release()
+	var pid uint32
+	var recovery bool
+	if err := c.QueryRow(ctx, `SELECT pg_backend_pid(), pg_is_in_recovery()`).Scan(&pid, &recovery); err != nil {
+		return fmt.Errorf("pglock: checking the server: %w", err)
+	}
+	if pid != c.Conn().PgConn().PID() && !s.allowPooler {
+		return ErrPooler
+	}
+	if recovery {
+		return errors.New("pglock: the server is a standby in recovery: locks need the primary (connect to it, e.g. target_session_attrs=read-write)")
+	}
+	if s.setup {
+		_, err := c.Exec(ctx, schema(p.table))
+		var pgErr *pgconn.PgError
+		// Two processes creating the table at once: one of them gets a
+		// unique violation on the catalog; the table is there.
+		if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") {
+			err = nil
+		}
+		if err != nil {
+			return fmt.Errorf("pglock: creating the table %s (or pass WithoutSetup and create it with pglock.Schema): %w", p.table, err)
+		}
+	}
+	var oid uint32
+	if err := c.QueryRow(ctx, `SELECT to_regclass($1)::oid`, p.table).Scan(&oid); err != nil {
+		return fmt.Errorf("pglock: the table %s is missing (create it with pglock.Schema, or let New create it): %w", p.table, err)
+	}
+	p.classID = int32(oid)
+	return nil
+}
+
+// lockStatement: $1 the key, $2 the class id. One round trip: it finds the
+// key's id, takes the advisory lock (lockFn waits, or tries), and — only
+// when the lock is held — increments the key's fence and returns it, all
+// in one statement (one implicit transaction, committed before the reply).
+//
+// Returns (id, locked, fence): id NULL when the key has no row yet
+// (register it and run again); locked false when the try failed; fence NULL
+// with locked true only if the row vanished meanwhile.
+//
+// Why one statement is correct: the CTE l is evaluated once, before the
+// UPDATE can pass its filter, so the row is updated only while the lock is
+// held; the UPDATE takes no row lock before that (no deadlock with the
+// holder's own fence update); and although the statement's snapshot was
+// taken before the wait, an UPDATE under READ COMMITTED applies to the
+// row's newest committed version (it rechecks and follows the update
+// chain), so the previous holder's increment is never lost.
+func (p *Provider) lockStatement(lockExpr string) string {
+	if !p.fencing {
+		return `WITH k AS (SELECT id FROM ` + p.table + ` WHERE key = $1),
+l AS MATERIALIZED (SELECT ` + lockExpr + ` AS ok FROM k)
+SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), NULL::bigint`
+	}
+	return `WITH k AS (SELECT id FROM ` + p.table + ` WHERE key = $1),
+l AS MATERIALIZED (SELECT ` + lockExpr + ` AS ok FROM k),
+u AS (UPDATE ` + p.table + ` SET fence = fence + 1 WHERE id = (SELECT id FROM k) AND (SELECT ok FROM l) RETURNING fence)
+SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), (SELECT fence FROM u)`
+}
+
+func (p *Provider) prepareSQL() {
+	// pg_advisory_lock returns void, which IS NOT NULL.
+	p.lockSQL = p.lockStatement(`pg_advisory_lock($2::int4, k.id) IS NOT NULL`)
+	p.tryLockSQL = p.lockStatement(`pg_try_advisory_lock($2::int4, k.id)`)
+	p.registerSQL = `INSERT INTO ` + p.table + ` (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
+}
+
+// Acquire waits for key and returns its lease: a lease when granted; (nil,
+// nil) when not granted within opts.Timeout (at once with NoWait); (nil,
+// ctx's error) when ctx ends first; (nil, err) when PostgreSQL fails, the
+// provider is closed (an error wrapping tenace.ErrProviderClosed) or, with
+// NoWait, no connection is free (ErrPoolExhausted). Invalid input (an empty
+// key, a negative Timeout other than NoWait, a negative TTL) returns an
+// error wrapping tenace.ErrMissingKey or tenace.ErrInvalidOption.
+//
+// A grant that lands as ctx ends or the Timeout passes is given back: the
+// call returns ctx's error, or (nil, nil) for the Timeout. When Acquire
+// returns no lease, this provider holds nothing for the call on the
+// server: a connection whose wait was cut short is unlocked and closed,
+// which ends its session and with it any lock the server granted at that
+// moment (at once when the unlock succeeds; when the server ends the
+// session otherwise, a few milliseconds later).
+func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
+	if err := tenace.ValidateAcquire(key, opts); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if p.closed.Err() != nil {
+		return nil, p.closedErr()
+	}
+	p.queue(key, 1)
+	defer p.queue(key, -1)
+
+	actx, cancel := tenace.AcquireContext(ctx, opts)
+	defer cancel()
+	// The provider's Close ends every wait.
+	wctx, wcancel := context.WithCancelCause(actx)
+	defer wcancel(nil)
+	stop := context.AfterFunc(p.closed, func() { wcancel(tenace.ErrProviderClosed) })
+	defer stop()
+
+	// A connection slot: the provider's bound on connections.
+	select {
+	case p.slots <- struct{}{}:
+	default:
+		if opts.Timeout == tenace.NoWait {
+			return nil, ErrPoolExhausted
+		}
+		select {
+		case p.slots <- struct{}{}:
+		case <-wctx.Done():
+			return p.waitEnded(ctx, wctx)
+		}
+	}
+	// From here the slot is the connection's: when the call ends without a
+	// lease, it goes back here; a lease gives it back when it ends.
+	leased := false
+	defer func() {
+		if !leased {
+			<-p.slots
+		}
+	}()
+
+	conn, err := p.pool.Acquire(wctx)
+	if err != nil {
+		if wctx.Err() != nil {
+			return p.waitEnded(ctx, wctx)
+		}
+		return nil, fmt.Errorf("pglock: connecting to PostgreSQL: %w", err)
+	}
+	var l tenace.LockLease
+	l, leased, err = p.lock(ctx, wctx, conn, key, opts)
+	return l, err
+}
+
+// lock runs the acquire statement on conn, which it owns from here: it
+// either becomes the lease's, goes back to the pool holding nothing, or is
+// discarded.
+func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key string, opts tenace.LockAcquireOptions) (_ tenace.LockLease, leased bool, _ error) {
+	sql := p.lockSQL
+	if opts.Timeout == tenace.NoWait {
+		sql = p.tryLockSQL
+	}
+	registered, reconnected := false, false
+	for {
+		var id *int32
+		var locked bool
+		var fence *int64
+		err := conn.QueryRow(wctx, sql, []byte(key), p.classID).Scan(&id, &locked, &fence)
+		switch {
+		case err != nil:
+			// Unknown outcome: the statement may have taken the lock
+			// before it failed or was cancelled. Release whatever the
+			// session holds, and never reuse the connection.
+			dead := conn.Conn().IsClosed()
+			p.unlockAll(conn)
+			discard(conn)
+			if wctx.Err() != nil {
+				l, err := p.waitEnded(ctx, wctx)
+				return l, false, err
+			}
+			if dead && !reconnected {
+				// The connection had died (the pool's idle connections
+				// after a server restart, a backend terminated while
+				// waiting): try once more on a new one. Its session is
+				// gone, and with it anything it held.
+				reconnected = true
+				if conn, err = p.pool.Acquire(wctx); err != nil {
+					if wctx.Err() != nil {
+						l, err := p.waitEnded(ctx, wctx)
+						return l, false, err
+					}
+					return nil, false, fmt.Errorf("pglock: acquiring %q: its connection ended, and reconnecting failed: %w", key, err)
+				}
+				continue
+			}
+			return nil, false, fmt.Errorf("pglock: acquiring %q: %w", key, err)
+		case id == nil && !registered:
+			if _, err := conn.Exec(wctx, p.registerSQL, []byte(key)); err != nil {
+				discard(conn)
+				if wctx.Err() != nil {
+					l, err := p.waitEnded(ctx, wctx)
+					return l, false, err
+				}
+				return nil, false, fmt.Errorf("pglock: registering the key %q in %s: %w", key, p.table, err)
+			}
+			registered = true
+			continue
+		case id == nil:
+			conn.Release()
+			return nil, false, fmt.Errorf("pglock: the key %q vanished from %s as it was registered; is something deleting its rows?", key, p.table)
+		case !locked:
+			// The try failed: the session holds nothing.
+			conn.Release()
+			return nil, false, nil
+		case fence == nil && p.fencing:
+			p.unlockAll(conn)
+			discard(conn)
+			return nil, false, fmt.Errorf("pglock: the row of key %q vanished from %s while it was locked; rows must never be deleted", key, p.table)
+		}
+		if wctx.Err() != nil {
+			// Granted as the wait was being cut short: cancel requests may
+			// still be on their way to this session, and would hit the
+			// lease's unlock. The call gave up: give the lock back, and
+			// the connection too (see discard).
+			p.unlockAll(conn)
+			discard(conn)
+			l, err := p.waitEnded(ctx, wctx)
+			return l, false, err
+		}
+		var token uint64
+		if fence != nil {
+			token = uint64(*fence)
+		}
+		l, err := p.grant(conn, key, *id, token, opts)
+		return l, true, err
+	}
+}
+
+// unlockAll releases every advisory lock of conn's session, best effort,
+// within cancelGrace: after it, or after discard at the latest, the session
+// holds nothing. A closed connection needs nothing.
+func (p *Provider) unlockAll(conn *pgxpool.Conn) {
+	if conn.Conn().IsClosed() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cancelGrace)
+	defer cancel()
+	_, _ = conn.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
+}
+
+// waitEnded says why a wait ended without a grant: ctx's error when the
+// caller's context ended, (nil, nil) for the Timeout, the closed error.
+func (p *Provider) waitEnded(ctx, wctx context.Context) (tenace.LockLease, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	cause := context.Cause(wctx)
+	if errors.Is(cause, tenace.ErrAcquireTimeout) {
+		return nil, nil
+	}
+	if errors.Is(cause, tenace.ErrProviderClosed) {
+		return nil, p.closedErr()
+	}
+	return nil, cause
+}
+
+func (p *Provider) closedErr() error {
+	return fmt.Errorf("%w (pglock.Provider.Close was called)", tenace.ErrProviderClosed)
+}
+
+// Close ends the provider: waiting callers return an error wrapping
+// tenace.ErrProviderClosed, and so do later calls to Acquire; every lease
+// still held is lost (its Lost channel closes, fn's context ends) and its
+// lock released; then the pool is closed. It returns once every connection
+// is closed, and is idempotent.
+func (p *Provider) Close() error {
+	p.ended.Do(func() {
+		p.close(tenace.ErrProviderClosed)
+		p.mu.Lock()
+		p.isEnded = true
+		held := make([]*lease, 0, len(p.leases))
+		for l := range p.leases {
+			held = append(held, l)
+		}
+		p.mu.Unlock()
+		for _, l := range held {
+			l.end(fmt.Errorf("%w: the provider was closed while the lock on %q was held", tenace.ErrLeaseLost, l.key))
+		}
+		p.pool.Close()
+	})
+	return nil
+}

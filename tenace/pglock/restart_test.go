@@ -1,0 +1,104 @@
+package pglock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"tenace.dev/internal/pgtest"
+	"tenace.dev/tenace"
+	"tenace.dev/tenace/pglock"
+)
+
+// TestServerStopWhileHoldingAndWaiting: a clean shutdown (which terminates
+// every session) while one caller holds the lock and another waits: the
+// holder's lease is lost at once, the waiter gets an error (no hang), and
+// once the server is back the provider works again, its tokens above the
+// ones before.
+func TestServerStopWhileHoldingAndWaiting(t *testing.T) {
+	srv := pgtest.Start(t)
+	p := newProvider(t, srv)
+	key := keyOf(t, "k")
+	held := mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	r := acquireAsync(bg, p, key, tenace.LockAcquireOptions{})
+	waitForWaiters(t, srv, key, 1)
+	srv.Stop()
+	ll := held.(tenace.LosableLease)
+	<-ll.Lost()
+	require.ErrorIs(t, ll.Err(), tenace.ErrLeaseLost)
+	res := <-r
+	require.Nil(t, res.lease)
+	require.Error(t, res.err, "the waiter learns that the server went away")
+	require.False(t, errors.Is(res.err, context.Canceled))
+	// With the server down, Acquire fails at once.
+	_, err := p.Acquire(bg, key, tenace.LockAcquireOptions{})
+	require.Error(t, err)
+	require.ErrorIs(t, held.Release(bg), tenace.ErrLeaseLost)
+
+	srv.Restart(t)
+	l := mustAcquire(t, p, key, tenace.LockAcquireOptions{Timeout: 10 * time.Second})
+	require.Greater(t, l.(tenace.FencedLease).Token(), held.(tenace.FencedLease).Token())
+	require.NoError(t, l.Release(bg))
+	require.Equal(t, tenace.LockStats{}, p.Stats())
+}
+
+// TestFencingSurvivesACrash: tokens keep increasing across a crash
+// (immediate shutdown, no checkpoint) and restart: the fence is committed
+// before a grant is returned.
+func TestFencingSurvivesACrash(t *testing.T) {
+	srv := pgtest.Start(t)
+	p := newProvider(t, srv)
+	key := keyOf(t, "k")
+	var last uint64
+	for range 3 {
+		l := mustAcquire(t, p, key, tenace.LockAcquireOptions{Timeout: 10 * time.Second})
+		tok := l.(tenace.FencedLease).Token()
+		require.Greater(t, tok, last)
+		last = tok
+		srv.Kill()
+		<-l.(tenace.LosableLease).Lost()
+		srv.Restart(t)
+	}
+}
+
+// TestLostThroughAPolicy: the holder's backend is terminated while fn runs
+// under a Lock: fn's ctx ends with the lost cause, the step emits
+// lock.lost, and the next waiter gets the lock.
+func TestLostThroughAPolicy(t *testing.T) {
+	srv := server(t)
+	p := newProvider(t, srv)
+	key := keyOf(t, "k")
+	var events []string
+	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: key}).
+		OnEvent(func(e tenace.Event) {
+			switch e.Name {
+			case tenace.EventLockAcquired, tenace.EventLockLost, tenace.EventLockReleased:
+				events = append(events, e.Name)
+			}
+		})
+	started := make(chan uint32, 1) // the holder's backend pid
+	done := make(chan error, 1)
+	go func() {
+		done <- pol.Execute(bg, func(ctx context.Context) error {
+			l, _ := tenace.LeaseFrom(ctx)
+			started <- pglock.BackendPID(l)
+			<-ctx.Done()
+			return context.Cause(ctx)
+		})
+	}()
+	pid := <-started
+	r := acquireAsync(bg, p, key, tenace.LockAcquireOptions{})
+	waitForWaiters(t, srv, key, 1)
+	srv.Terminate(t, pid)
+	err := <-done
+	require.ErrorIs(t, err, tenace.ErrLeaseLost)
+	require.ErrorContains(t, err, fmt.Sprintf("backend %d", pid))
+	require.Equal(t, []string{tenace.EventLockAcquired, tenace.EventLockLost, tenace.EventLockReleased}, events)
+	next := <-r
+	require.NoError(t, next.err)
+	require.NoError(t, next.lease.Release(bg))
+}
