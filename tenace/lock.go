@@ -211,15 +211,8 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	if observed {
 		x.Emit(Event{Name: EventLockAcquired, Key: key, Context: ctx, Wait: granted.Sub(start), Token: tokenOf(held.lease)})
 	}
-	switch l := held.lease.(type) {
-	case LosableLease:
+	if l, ok := held.lease.(LosableLease); ok {
 		return runWatched(ctx, held, x, key, l, granted, next)
-	case ExpiringLease:
-		// Work under a lapsed lock must stop: end the inner context at the
-		// lease's expiry, with a cause that says so.
-		inner, cancel := context.WithDeadlineCause(held, l.Expiry(), ErrLeaseExpired)
-		defer cancel()
-		return next.Run(inner)
 	}
 	return next.Run(held)
 }

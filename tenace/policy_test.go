@@ -676,19 +676,24 @@ func TestPolicyMatchesTheTable(t *testing.T) {
 	})
 }
 
-// expiringLease is a fake lease that lapses at a given instant.
+// expiringLease is a fake lease that is lost at a given instant, as a
+// provider's TTL would lose it.
 type expiringLease struct {
 	fakeLease
-	at time.Time
+	tenace.LeaseSignal
 }
 
-func (l *expiringLease) Expiry() time.Time { return l.at }
+func newExpiringLease(fp *fakeProvider, at time.Time) *expiringLease {
+	l := &expiringLease{fakeLease: fakeLease{p: fp}}
+	time.AfterFunc(time.Until(at), func() { l.Lose(tenace.ErrLeaseExpired) })
+	return l
+}
 
 func TestFnsContextEndsWhenItsLeaseExpires(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		fp := &fakeProvider{}
 		fp.acquire = func(context.Context, string) (tenace.LockLease, error) {
-			return &expiringLease{fakeLease: fakeLease{p: fp}, at: time.Now().Add(3 * time.Second)}, nil
+			return newExpiringLease(fp, time.Now().Add(3*time.Second)), nil
 		}
 		start := time.Now()
 		err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp, Key: "k"}).Execute(bg, func(ctx context.Context) error {

@@ -207,15 +207,3 @@ type LockStats struct {
 type StatsProvider interface {
 	Stats() LockStats
 }
-
-// ExpiringLease is a lease that lapses on its own at Expiry unless released
-// first. The Lock step ends the inner steps' context at Expiry, with
-// ErrLeaseExpired as the cause.
-//
-// Deprecated: implement LosableLease, which also reports losses other than
-// the TTL, and when they happen. ExpiringLease is kept only until every
-// provider in this repository has moved.
-type ExpiringLease interface {
-	LockLease
-	Expiry() time.Time
-}
