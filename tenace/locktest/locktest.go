@@ -13,10 +13,10 @@
 // Run checks every row of the contract of tenace.LockProvider (granted, not
 // granted in time, NoWait, ctx ended on entry and while waiting, bad input),
 // mutual exclusion under contention, that nothing is left held after
-// timeouts and cancels, a cancel racing a grant, Release idempotent, a
-// Policy's Lock step on the provider; and, where the Capabilities say the
-// provider promises them, FIFO, exact statistics, fencing tokens, TTL and
-// the lost-lease signal.
+// timeouts and cancels, a cancel racing a grant, Release idempotent and
+// retryable, a Policy's Lock step on the provider; and, where the
+// Capabilities say the provider promises them, FIFO, exact statistics,
+// fencing tokens, TTL and the lost-lease signal.
 //
 // The suite runs against real time (a distributed provider's server has no
 // fake clock), with short timeouts: its waits are bounded, and only where
@@ -101,6 +101,7 @@ func Run(t *testing.T, newProvider func(t *testing.T) tenace.LockProvider, caps 
 		{"BadInput", s.badInput, true},
 		{"GrantAfterRelease", s.grantAfterRelease, true},
 		{"ReleaseIdempotent", s.releaseIdempotent, true},
+		{"ReleaseRetryable", s.releaseRetryable, true},
 		{"MutualExclusion", s.mutualExclusion, true},
 		{"NoLeakAfterTimeoutsAndCancels", s.noLeak, true},
 		{"CancelRacingGrant", s.cancelRacingGrant, true},
@@ -354,6 +355,29 @@ func (s *suite) releaseIdempotent(t *testing.T) {
 	s.assertHeld(t, p, key, "a second Release of an old lease must not release the next holder")
 	mustRelease(t, next)
 	s.assertFree(t, p, key, "after the next holder released")
+}
+
+// releaseRetryable releases with a context that has already ended: the
+// provider may release anyway (nil), or fail — and then a second Release
+// with a live context must succeed. Either way the key is granted to the
+// next caller: a failed Release can be retried, and leaves nothing held.
+func (s *suite) releaseRetryable(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	l := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := l.Release(ended); err != nil {
+		if err := l.Release(context.Background()); err != nil {
+			t.Fatalf("Release with an ended ctx failed, and the retry with a live ctx = %v, want nil", err)
+		}
+	}
+	next := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{Timeout: s.caps.WaitBound})
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatalf("Release of the old lease once the next holder has the key = %v, want nil", err)
+	}
+	s.assertHeld(t, p, key, "a late Release of an old lease must not release the next holder")
+	mustRelease(t, next)
 }
 
 func (s *suite) mutualExclusion(t *testing.T) {

@@ -30,6 +30,7 @@ func TestTheSuiteFailsBrokenProviders(t *testing.T) {
 		"timeout-is-error":  "NotGrantedInTime",
 		"tokens-repeat":     "FencingTokens",
 		"ignores-bad-input": "BadInput",
+		"release-gives-up":  "ReleaseRetryable",
 	}
 	for broken, subtest := range cases {
 		t.Run(broken, func(t *testing.T) {
@@ -76,6 +77,24 @@ type fixedTokenLease struct{ tenace.LockLease }
 
 func (fixedTokenLease) Token() uint64 { return 1 }
 
+// givingUpLease fails a Release whose ctx has ended, and yet counts itself
+// released: the retry does nothing, and the key stays held by nobody.
+type givingUpLease struct {
+	tenace.LockLease
+	done bool
+}
+
+func (l *givingUpLease) Release(ctx context.Context) error {
+	if l.done {
+		return nil
+	}
+	l.done = true
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return l.LockLease.Release(ctx)
+}
+
 type noopLease struct{}
 
 func (noopLease) Release(context.Context) error { return nil }
@@ -103,6 +122,12 @@ func (b *brokenProvider) Acquire(ctx context.Context, key string, opts tenace.Lo
 			return nil, context.DeadlineExceeded
 		}
 		return l, err
+	case "release-gives-up":
+		l, err := b.mem.Acquire(ctx, key, opts)
+		if l == nil {
+			return nil, err
+		}
+		return &givingUpLease{LockLease: l}, nil
 	case "leaks-on-cancel":
 		l, err := b.mem.Acquire(ctx, key, opts)
 		if l == nil && err != nil && ctx.Err() != nil {
