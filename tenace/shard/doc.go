@@ -14,7 +14,7 @@
 //	waiter's reply chan (buffer 1) ◄──── grant / refused / cancelled / closed
 //
 //	Release(k), nobody waiting: CAS k's word held(t) → free, push on the
-//	shard's reclaim stack; the shard deletes the idle entry at its next batch
+//	shard's reclaim list; the shard deletes the idle entry at its next batch
 //
 // Each shard goroutine alone owns its Table: the holders and FIFO wait
 // queues of its keys. Acquire and cancel reach it only as messages on its
@@ -24,7 +24,8 @@
 // nobody waits, and a message when someone does (the shard marks the word
 // contended before it queues anyone, so the CAS fails exactly then): the
 // common uncontended release costs the shard nothing. No mutex, semaphore or
-// spin lock guards the lock state: the CAS is tried once, never looped on,
+// spin lock guards the lock state: every atomic is used once, never looped
+// on (the release's CAS, and the swap and link of the reclaim list's push),
 // and only the shard grants; ownership by one goroutine is the whole
 // concurrency story, and the mailbox's FIFO order is the whole ordering
 // story. [Table] gives the protocol and why it keeps the arrival order.

@@ -105,7 +105,7 @@ func (o Outcome) Grant(s *Shard) Grant {
 //
 // Keep a Grant where it is until it is released, and never reuse its memory
 // for another grant: a Grant released by CAS sits on the shard's reclaim
-// stack until the shard's next batch, linked through its own fields.
+// list until the shard's next batch, linked through its own fields.
 type Grant struct {
 	shard *Shard
 	held  Held[chan reply]

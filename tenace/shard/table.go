@@ -3,6 +3,7 @@ package shard
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync/atomic"
 )
@@ -69,11 +70,23 @@ func (w *Waiter[T]) State() State { return w.state }
 type Held[T any] struct {
 	lock  *entry[T]
 	token uint64
-	// Written once by the releasing goroutine before it publishes the
-	// Held on the table's reclaim stack; read by the owner when it pops it.
-	next  *Held[T]
-	depth int // this node's position in the reclaim stack, counted from the bottom (1)
+	// The reclaim list's link: written once by the releasing goroutine just
+	// after it pushed the Held, read by the owner only once link says it is
+	// there (see Table.ReleaseByCAS).
+	next *Held[T]
+	link uint32 // linkPending, linkSet or linkAwaited; atomic
 }
+
+// A pushed Held's link state. Each side moves it once, by one
+// compare-and-swap from linkPending (never looped on): the releaser to
+// linkSet once next is written; the owner to linkAwaited when it pops the
+// Held before that, and then waits for the releaser's reap request instead
+// of for the releaser.
+const (
+	linkPending uint32 = iota // pushed; next not written yet
+	linkSet                   // next written: the owner may follow it
+	linkAwaited               // the owner popped it first and keeps it until next is written
+)
 
 // Held returns the grant w holds, for its holder to release; valid once w is
 // Granted.
@@ -119,8 +132,8 @@ type entry[T any] struct {
 // (in the lock manager, the shard goroutine); no mutex guards it because
 // nothing else can reach it. The one exception is [Table.ReleaseByCAS],
 // which the holder of a grant calls from its own goroutine: it touches only
-// atomics — the key's state word, the table's reclaim stack and its held
-// count — and never the map or the queues. Every other method is the
+// atomics — the key's state word, the table's reclaim list and its
+// counts — and never the map or the queues. Every other method is the
 // owner's.
 //
 // Tokens: every request gets the next value of a table-wide counter when it
@@ -151,10 +164,12 @@ type entry[T any] struct {
 //
 // Reclaim: a key freed by CAS is no longer held (Len drops at once) but its
 // entry is still in the map. The releaser pushes its [Held] on the table's
-// lock-free reclaim stack; [Table.Reap], run by the owner at every batch,
-// pops the whole stack and deletes each entry still free (it stays free
-// while the owner looks: only the owner moves it out of free). The owner
-// recycles the entry, so that a busy table does not allocate one per key.
+// reclaim list — one swap of the list's head, then the link, with no loop
+// and no wait on either side (see [Table.ReleaseByCAS]); [Table.Reap], run
+// by the owner at every batch, pops the whole list and deletes each entry
+// still free (it stays free while the owner looks: only the owner moves it
+// out of free). The owner recycles the entry, so that a busy table does not
+// allocate one per key.
 //
 // Happens-before: a release by CAS is an atomic write that the owner's next
 // read of the word observes before it grants the key again, and the grant
@@ -189,11 +204,14 @@ type entry[T any] struct {
 //     what that waiter would have got had the cancel come first.
 type Table[T any] struct {
 	// Touched by releasers too (atomics only).
-	freed atomic.Pointer[Held[T]] // reclaim stack: grants released by CAS
-	_     [56]byte                // keep the stack's head off the held count's line
-	held  atomic.Int64            // keys held: words held or contended
+	freed  atomic.Pointer[Held[T]] // reclaim list: grants released by CAS, newest first
+	_      [56]byte                // keep the list's head off the counts' line
+	held   atomic.Int64            // keys held: words held or contended
+	pushes atomic.Uint64           // grants pushed on the reclaim list, ever
 
 	// Owned by the table's owner.
+	awaited []*Held[T] // popped before their releaser linked them (see linkAwaited)
+
 	entries map[string]*entry[T]
 	peak    int         // most entries since the map was last rebuilt
 	spare   []*entry[T] // recycled entries, all dead
@@ -208,10 +226,11 @@ func NewTable[T any]() *Table[T] {
 	return &Table[T]{entries: make(map[string]*entry[T])}
 }
 
-// reapDepth is the reclaim stack's depth at which a releaser asks the owner
-// to reap (ReleaseByCAS reports it), so that a burst of releases with no
-// other traffic does not leave its entries in the map: at most
-// reapDepth-1 freed entries per table wait for the owner's next message.
+// reapDepth: every reapDepth-th push on the reclaim list asks the owner to
+// reap (ReleaseByCAS reports it), so that a burst of releases with no other
+// traffic does not leave its entries in the map: once every release has
+// returned, fewer than reapDepth freed entries per table wait for the
+// owner's next message.
 const reapDepth = 64
 
 // spareMax bounds the recycled entries a table keeps: enough for the keys a
@@ -310,31 +329,47 @@ func (t *Table[T]) grantFree(e *entry[T], w *Waiter[T]) {
 
 // ReleaseByCAS is the holder's release of h, from any goroutine, at most
 // once per grant: one compare-and-swap held(token) → free. It reports true
-// when that freed the key; then h is on the reclaim stack, and reap reports
-// that the stack just reached reapDepth and the owner should be woken to
-// reap (once per stack). It reports false when the key has waiters (or the
-// grant is stale, or the table was drained): the caller must send the
+// when that freed the key; then h is on the reclaim list, and reap reports
+// that the owner should be woken to reap (every reapDepth-th push, or when
+// the owner awaits h's link). It reports false when the key has waiters (or
+// the grant is stale, or the table was drained): the caller must send the
 // release to the owner, who calls [Table.ReleaseHeld] with h.
 //
-// The push is a lock-free stack's compare-and-swap: it is retried only when
-// another release pushed first, never waits for anyone, and h is pushed
-// once (a grant is released once), so the stack has no ABA problem; the
-// owner pops the whole stack at once.
+// The push has no loop either: one swap makes h the list's head, then h is
+// linked to what it displaced, and one compare-and-swap of h's link state
+// says so. The owner may pop h between the two (it takes the whole list
+// with a swap); it then reaps h's entry, finds the link missing, marks h
+// awaited and keeps it, and this call, finding h awaited, asks for a reap:
+// at the owner's next batch the rest of the list is reachable again.
+// Neither side ever waits for the other. A grant is pushed once, so the
+// list has no ABA problem.
 func (t *Table[T]) ReleaseByCAS(h *Held[T]) (released, reap bool) {
 	if h.lock == nil || !h.lock.state.CompareAndSwap(releaseWord(h.lock, h.token), stFree) {
 		return false, false
 	}
 	t.held.Add(-1)
-	for {
-		top := t.freed.Load()
-		h.next, h.depth = top, 1
-		if top != nil {
-			h.depth = top.depth + 1
-		}
-		if t.freed.CompareAndSwap(top, h) {
-			return true, h.depth == reapDepth
-		}
+	below := t.freed.Swap(h)
+	if verify {
+		// The verify build widens the gap between the swap and the link,
+		// so that its tests meet an owner that pops h before it is linked.
+		runtime.Gosched()
 	}
+	return true, t.link(h, below)
+}
+
+// link is the second half of h's push on the reclaim list, after the swap
+// that made h its head and returned below: it links h to below and says so,
+// and reports whether the owner should be woken to reap.
+func (t *Table[T]) link(h, below *Held[T]) (reap bool) {
+	h.next = below
+	reap = t.pushes.Add(1)%reapDepth == 0
+	if !atomic.CompareAndSwapUint32(&h.link, linkPending, linkSet) {
+		// The owner popped h before the link was written, and keeps it
+		// until it is: publish the link, and wake the owner to follow it.
+		atomic.StoreUint32(&h.link, linkSet)
+		reap = true
+	}
+	return reap
 }
 
 // Reap deletes the entries of keys freed by CAS since the last Reap, and
@@ -342,20 +377,11 @@ func (t *Table[T]) ReleaseByCAS(h *Held[T]) (released, reap bool) {
 // The owner calls it at each batch; it costs one atomic load when nothing
 // was freed.
 func (t *Table[T]) Reap() {
+	if len(t.awaited) > 0 {
+		t.reapAwaited()
+	}
 	if t.freed.Load() != nil {
-		for h := t.freed.Swap(nil); h != nil; {
-			next := h.next
-			h.next = nil // let a kept lease not hold older ones
-			// A free word stays free while the owner looks: only the owner
-			// moves it out of free. A word that is held again, or dead (the
-			// entry was reaped through an earlier grant of the same key), is
-			// left alone.
-			if e := h.lock; reclaimable(e) {
-				delete(t.entries, e.key)
-				t.recycle(e)
-			}
-			h = next
-		}
+		t.reapList(t.freed.Swap(nil))
 	}
 	if t.peak >= shrinkMin && len(t.entries) <= t.peak/shrinkRatio {
 		t.entries = maps_clone(t.entries)
@@ -363,6 +389,47 @@ func (t *Table[T]) Reap() {
 	}
 	if cap(t.byLen) > shrinkMin && t.longest < cap(t.byLen)/shrinkRatio {
 		t.byLen = slices.Clone(t.byLen[:t.longest+1])
+	}
+}
+
+// reapList deletes the entries of the grants on a list popped from the
+// reclaim list, as far as its links are written (see ReleaseByCAS).
+func (t *Table[T]) reapList(h *Held[T]) {
+	for h != nil {
+		// A free word stays free while the owner looks: only the owner
+		// moves it out of free. A word that is held again, or dead (the
+		// entry was reaped through an earlier grant of the same key), is
+		// left alone.
+		if e := h.lock; reclaimable(e) {
+			delete(t.entries, e.key)
+			t.recycle(e)
+		}
+		if atomic.LoadUint32(&h.link) != linkSet && atomic.CompareAndSwapUint32(&h.link, linkPending, linkAwaited) {
+			// Its releaser has not linked it yet: keep it, and go on
+			// from it when its releaser's reap request comes.
+			t.awaited = append(t.awaited, h)
+			return
+		}
+		next := h.next
+		h.next = nil // let a kept lease not hold older ones
+		h = next
+	}
+}
+
+// reapAwaited goes on along the lists whose links were missing at an
+// earlier Reap and are written now; the others stay awaited.
+func (t *Table[T]) reapAwaited() {
+	awaited := t.awaited
+	t.awaited = nil
+	for i, h := range awaited {
+		awaited[i] = nil
+		if atomic.LoadUint32(&h.link) != linkSet {
+			t.awaited = append(t.awaited, h)
+			continue
+		}
+		next := h.next
+		h.next = nil
+		t.reapList(next)
 	}
 }
 
@@ -583,6 +650,7 @@ func (t *Table[T]) Drain() []*Waiter[T] {
 		delete(t.entries, key)
 	}
 	t.freed.Store(nil)
+	t.awaited = nil
 	t.entries, t.spare, t.byLen = make(map[string]*entry[T]), nil, nil
 	t.peak, t.waiting, t.longest = 0, 0, 0
 	return out

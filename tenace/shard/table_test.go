@@ -2,6 +2,7 @@ package shard
 
 import (
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -182,7 +183,7 @@ func TestTableStaleCASOnARecycledEntry(t *testing.T) {
 	require.NoError(t, tb.CheckInvariants())
 }
 
-func TestTableAsksForAReapOncePerStackAtReapDepth(t *testing.T) {
+func TestTableAsksForAReapEveryReapDepthPushes(t *testing.T) {
 	tb := NewTable[int]()
 	var asked []int
 	for i := range 3 * reapDepth {
@@ -192,10 +193,76 @@ func TestTableAsksForAReapOncePerStackAtReapDepth(t *testing.T) {
 			asked = append(asked, i+1)
 		}
 		if i == reapDepth+10 {
-			tb.Reap() // the owner reaps: the next stack starts afresh
+			tb.Reap() // a reap in between changes nothing to the count
 		}
 	}
-	require.Equal(t, []int{reapDepth, reapDepth + 11 + reapDepth}, asked)
+	require.Equal(t, []int{reapDepth, 2 * reapDepth, 3 * reapDepth}, asked)
+	tb.Reap()
+	require.Zero(t, tb.Entries())
+}
+
+// A releaser may be stopped between the two halves of its push — the swap
+// that makes its Held the list's head, and the link to what was below —
+// while the owner reaps. Neither waits for the other: the owner reaps what
+// it can reach, keeps the unlinked Held, and the releaser, finding it kept,
+// asks for the reap that frees the rest.
+func TestTableReapsAroundAPushNotYetLinked(t *testing.T) {
+	tb := NewTable[int]()
+	var hs []*Held[int]
+	for i := range 4 {
+		w := &Waiter[int]{}
+		tb.Acquire(fmt.Sprint(i), w)
+		hs = append(hs, heldOf(w))
+	}
+	for _, h := range hs[:2] {
+		released, _ := tb.ReleaseByCAS(h)
+		require.True(t, released)
+	}
+	// hs[2]'s releaser: its CAS and its swap, then it stops before linking.
+	paused := hs[2]
+	require.True(t, paused.lock.state.CompareAndSwap(held(paused.token), stFree))
+	tb.held.Add(-1)
+	below := tb.freed.Swap(paused)
+	released, _ := tb.ReleaseByCAS(hs[3])
+	require.True(t, released)
+	require.Zero(t, tb.Len(), "every key is free")
+
+	tb.Reap()
+	require.Equal(t, 2, tb.Entries(), "hs[3] and the paused one reaped; the two below its missing link wait")
+	require.Equal(t, []*Held[int]{paused}, tb.awaited)
+	require.NoError(t, tb.CheckInvariants())
+	tb.Reap()
+	require.Equal(t, 2, tb.Entries(), "a reap before the link changes nothing")
+
+	require.True(t, tb.link(paused, below), "the releaser finds its Held awaited and asks for a reap")
+	tb.Reap()
+	require.Zero(t, tb.Entries(), "the rest of the list reaped")
+	require.Empty(t, tb.awaited)
+	for _, h := range hs {
+		require.Nil(t, h.next, "no kept lease holds older ones")
+	}
+	require.NoError(t, tb.CheckInvariants())
+}
+
+// The link state moves once per side: a releaser that links before the
+// owner looks is followed at once and never asks for a reap of its own.
+func TestTableLinkedPushIsFollowedAtOnce(t *testing.T) {
+	tb := NewTable[int]()
+	var hs []*Held[int]
+	for i := range 3 {
+		w := &Waiter[int]{}
+		tb.Acquire(fmt.Sprint(i), w)
+		hs = append(hs, heldOf(w))
+	}
+	for _, h := range hs {
+		released, reap := tb.ReleaseByCAS(h)
+		require.True(t, released)
+		require.False(t, reap)
+		require.Equal(t, linkSet, h.link)
+	}
+	tb.Reap()
+	require.Zero(t, tb.Entries())
+	require.Empty(t, tb.awaited)
 }
 
 func TestTableRebuildsItsMapAfterABurst(t *testing.T) {
@@ -229,5 +296,50 @@ func TestTableDrainMakesEveryWordDead(t *testing.T) {
 	released, _ = tb.ReleaseByCAS(heldOf(a))
 	require.False(t, released, "a lease of a drained table frees nothing")
 	require.Zero(t, tb.Len())
+	require.NoError(t, tb.CheckInvariants())
+}
+
+// Releasers push on the reclaim list while the owner reaps, all at once:
+// once every release has returned, one more reap leaves the table empty,
+// whatever interleaving of swaps, links and pops happened (and -race checks
+// that the owner reads each link only after its releaser wrote it).
+func TestTableReapsWhileReleasersPush(t *testing.T) {
+	const releasers, perReleaser = 4, 2000
+	tb := NewTable[int]()
+	hs := make([][]*Held[int], releasers)
+	for r := range hs {
+		for i := range perReleaser {
+			w := &Waiter[int]{}
+			tb.Acquire(fmt.Sprint(r, "/", i), w)
+			hs[r] = append(hs[r], heldOf(w))
+		}
+	}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for r := range hs {
+		wg.Go(func() {
+			<-start
+			for _, h := range hs[r] {
+				if released, _ := tb.ReleaseByCAS(h); !released {
+					t.Error("a release by CAS of a key nobody waits for failed")
+				}
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	close(start)
+	for reaping := true; reaping; {
+		select {
+		case <-done:
+			reaping = false
+		default:
+		}
+		tb.Reap() // the owner, concurrently with the pushes
+	}
+	tb.Reap()
+	require.Zero(t, tb.Len())
+	require.Zero(t, tb.Entries(), "every freed entry reaped once the releases returned")
+	require.Empty(t, tb.awaited)
 	require.NoError(t, tb.CheckInvariants())
 }

@@ -2,5 +2,6 @@
 
 package shard
 
-// verify turns on the invariant check after every message applied.
+// verify turns on the invariant check after every message applied, and
+// widens the race windows that tests must meet (see Table.ReleaseByCAS).
 const verify = true
