@@ -14,7 +14,7 @@
 //	waiter's reply chan (buffer 1) ◄──── grant / refused / cancelled / closed
 //
 //	Release(k), nobody waiting: CAS k's word held(t) → free, push on the
-//	shard's reclaim list; the shard deletes the idle entry at its next batch
+//	shard's reclaim list; the shard deletes idle entries 64 at a time
 //
 // Each shard goroutine alone owns its Table: the holders and FIFO wait
 // queues of its keys. Acquire and cancel reach it only as messages on its

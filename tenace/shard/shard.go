@@ -105,7 +105,7 @@ func (o Outcome) Grant(s *Shard) Grant {
 //
 // Keep a Grant where it is until it is released, and never reuse its memory
 // for another grant: a Grant released by CAS sits on the shard's reclaim
-// list until the shard's next batch, linked through its own fields.
+// list until the shard reaps, linked through its own fields.
 type Grant struct {
 	shard *Shard
 	held  Held[chan reply]
@@ -121,9 +121,10 @@ func (g *Grant) Token() uint64 { return g.held.token }
 //   - When nobody waits for the key, it is one compare-and-swap on the
 //     key's entry (see [Table], "Release by compare-and-swap"): the key is
 //     free, and Size no longer counts it, when Release returns. The shard
-//     deletes the idle entry at its next batch; every reapDepth such
-//     releases, the releaser wakes it with a reap message (without
-//     blocking: if the mailbox is full, a batch is coming anyway).
+//     deletes idle entries reapDepth at a time (a key taken again before
+//     then keeps its entry), or at a Sync: every reapDepth such releases,
+//     the releaser wakes it with a reap message (without blocking: if the
+//     mailbox is full, the next batch finds the reap due anyway).
 //   - When someone waits, the CAS fails and the release is a message on the
 //     shard's mailbox, which the shard applies by granting the oldest
 //     waiter. The send blocks only while the mailbox is full.
@@ -188,12 +189,16 @@ func newShard(g *Group) *Shard {
 	return s
 }
 
-// handle reaps the keys freed by CAS, applies one batch of messages to the
-// table, publishes the waiting counts, then delivers the replies. The table
+// handle reaps the keys freed by CAS when reapDepth of them are waiting
+// (a key freed and taken again in between keeps its entry: no map delete
+// and insert per operation), applies one batch of messages to the table,
+// publishes the waiting counts, then delivers the replies. The table
 // counts held keys as it grants, before any reply: a caller who has its
 // reply sees a Size that includes its own effect.
 func (s *Shard) handle(batch []message) {
-	s.table.Reap()
+	if s.table.ReapDue() {
+		s.table.Reap()
+	}
 	for i := range batch {
 		m := &batch[i]
 		switch m.kind {
@@ -226,8 +231,12 @@ func (s *Shard) handle(batch []message) {
 				s.grant(next)
 			}
 		case msgSync:
+			// After a barrier, every key freed by CAS before it is gone
+			// from the table.
+			s.table.Reap()
 			s.out = append(s.out, delivery{m.w, reply{kind: replySynced}})
-		case msgReap: // the Reap above did it
+		case msgReap:
+			s.table.Reap()
 		default:
 			panic("tenace: internal error: shard message of unknown kind")
 		}

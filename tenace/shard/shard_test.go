@@ -273,3 +273,46 @@ func TestInvalidModePanics(t *testing.T) {
 	defer g.Stop()
 	require.Panics(t, func() { _, _ = g.For("k").Acquire(context.Background(), "k", Mode(0), nil) })
 }
+
+// grantOf acquires key on s and returns its grant, for a release by CAS.
+func grantOf(t *testing.T, s *Shard, key string) *Grant {
+	t.Helper()
+	out, err := s.Acquire(context.Background(), key, Wait, nil)
+	require.NoError(t, err)
+	require.True(t, out.Granted)
+	g := out.Grant(s)
+	return &g
+}
+
+// A key released by CAS and taken again before the shard reaps keeps its
+// entry (no map delete and insert per operation); reapDepth releases by
+// CAS get their entries deleted with no other message than the releaser's
+// own reap request; a Sync reaps whatever is left.
+func TestShardReapsIdleEntriesReapDepthAtATime(t *testing.T) {
+	g, _ := newTestGroup(t, 1)
+	s := g.Shard(0)
+	// The table is the shard goroutine's: each read below comes after a
+	// reply from it, with no message in flight, so it sees the table as of
+	// that reply.
+	k := grantOf(t, s, "k")
+	k.Release()
+	grantOf(t, s, "other").Release() // a batch after k's release
+	require.Equal(t, 2, s.table.Entries(), "k and other freed by CAS, not yet reaped")
+	require.Zero(t, s.Size())
+	k = grantOf(t, s, "k")
+	require.Equal(t, 2, s.table.Entries(), "k taken again in its old entry")
+	k.Release()
+
+	// Three releases are on the list; with reapDepth-3 more, the last
+	// releaser asks for a reap.
+	for i := range reapDepth - 3 {
+		grantOf(t, s, fmt.Sprint("burst-", i)).Release()
+	}
+	// The reap request went into the mailbox before this acquire: its
+	// reply comes after the reap.
+	x := grantOf(t, s, "x")
+	require.Equal(t, 1, s.table.Entries(), "only x, held, is left")
+	x.Release()
+	require.NoError(t, g.Sync(context.Background()))
+	require.Zero(t, s.table.Entries(), "a Sync reaps what is left")
+}

@@ -166,9 +166,8 @@ type entry[T any] struct {
 // entry is still in the map. The releaser pushes its [Held] on the table's
 // reclaim list — one swap of the list's head, then the link, with no loop
 // and no wait on either side (see [Table.ReleaseByCAS]); [Table.Reap], run
-// by the owner at every batch, pops the whole list and deletes each entry
-// still free (it stays free while the owner looks: only the owner moves it
-// out of free). The owner recycles the entry, so that a busy table does not
+// by the owner, pops the whole list and deletes each entry still free (it
+// stays free while the owner looks: only the owner moves it out of free). The owner recycles the entry, so that a busy table does not
 // allocate one per key.
 //
 // Happens-before: a release by CAS is an atomic write that the owner's next
@@ -211,6 +210,7 @@ type Table[T any] struct {
 
 	// Owned by the table's owner.
 	awaited []*Held[T] // popped before their releaser linked them (see linkAwaited)
+	reaped  uint64     // pushes counted when Reap last popped the list
 
 	entries map[string]*entry[T]
 	peak    int         // most entries since the map was last rebuilt
@@ -340,7 +340,7 @@ func (t *Table[T]) grantFree(e *entry[T], w *Waiter[T]) {
 // says so. The owner may pop h between the two (it takes the whole list
 // with a swap); it then reaps h's entry, finds the link missing, marks h
 // awaited and keeps it, and this call, finding h awaited, asks for a reap:
-// at the owner's next batch the rest of the list is reachable again.
+// at the owner's next reap the rest of the list is reachable again.
 // Neither side ever waits for the other. A grant is pushed once, so the
 // list has no ABA problem.
 func (t *Table[T]) ReleaseByCAS(h *Held[T]) (released, reap bool) {
@@ -374,9 +374,13 @@ func (t *Table[T]) link(h, below *Held[T]) (reap bool) {
 
 // Reap deletes the entries of keys freed by CAS since the last Reap, and
 // rebuilds the map when it has shrunk far below its peak (see shrinkMin).
-// The owner calls it at each batch; it costs one atomic load when nothing
-// was freed.
+// The shard goroutine calls it when it is due (see ReapDue), when a
+// releaser asks, and before a Sync barrier; it costs one atomic load when
+// nothing was freed.
 func (t *Table[T]) Reap() {
+	// Read before the pop: a push is counted after its swap, so every push
+	// counted here is in the list popped below (or an earlier one).
+	t.reaped = t.pushes.Load()
 	if len(t.awaited) > 0 {
 		t.reapAwaited()
 	}
@@ -391,6 +395,13 @@ func (t *Table[T]) Reap() {
 		t.byLen = slices.Clone(t.byLen[:t.longest+1])
 	}
 }
+
+// ReapDue reports whether at least reapDepth grants were released by CAS
+// since the last Reap: an owner that reaps only then (and when a releaser or
+// a barrier asks) lets a key freed and taken again between two reaps keep
+// its entry, and still never keeps more than about reapDepth idle entries.
+// It costs one atomic load.
+func (t *Table[T]) ReapDue() bool { return t.pushes.Load()-t.reaped >= reapDepth }
 
 // reapList deletes the entries of the grants on a list popped from the
 // reclaim list, as far as its links are written (see ReleaseByCAS).
