@@ -429,3 +429,42 @@ func TestAWaiterArrivingAsAnotherLeavesHearsTheRelease(t *testing.T) {
 		})
 	}
 }
+
+// The Lock step releases with a context that has no deadline. On a stalled
+// server, with a client that has no read timeout of its own, that Release
+// must still return: within one window (after which the server lets the key
+// go on its own, renewals having stopped), with an error that says the lock
+// may still be held. Once the server answers again the key is gone, and a
+// retried Release returns nil.
+func TestReleaseOnAStalledServerReturnsWithinAWindow(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, ReadTimeout: -1, WriteTimeout: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { _ = c.Close() })
+	const window = 300 * time.Millisecond
+	p := newProvider(t, c, redislock.WithWindow(window))
+	l := mustAcquire(t, p, "stalled-release", tenace.LockAcquireOptions{})
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	start := time.Now()
+	err := l.Release(context.Background())
+	took := time.Since(start)
+	srv.Resume()
+	resumed = true
+	t.Logf("Release on a stalled server returned after %v (window %v): %v", took.Round(time.Millisecond), window, err)
+	require.Error(t, err, "the release did not get through")
+	require.Contains(t, err.Error(), "may still be held")
+	require.Less(t, took, window+200*time.Millisecond, "within one window (scheduling latency aside)")
+	// The server's clock is the point: the key goes within a window of the
+	// resume (the release script may also run once the server reads it).
+	deadline := time.Now().Add(2 * window)
+	for c.Exists(bg, "tenace:lock:{stalled-release}").Val() != 0 {
+		require.True(t, time.Now().Before(deadline), "the key outlived its window")
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.NoError(t, l.Release(bg), "a retry that finds the key gone returns nil")
+}

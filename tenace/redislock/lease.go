@@ -249,7 +249,11 @@ func (l *lease) stopLocked() {
 // and wakes the waiters. It returns nil when it released the lock. A
 // release that fails (Redis unreachable, ctx ended) returns the error and
 // can be called again (renewals stay stopped: the key lapses within one
-// window if no retry gets through); once one succeeded, Release does
+// window if no retry gets through). A ctx without a deadline is bounded by
+// one window (WithWindow), so that a stalled server cannot hold the caller
+// — the Lock step releases with such a ctx — longer than the key can
+// outlive the renewals (on a client with ContextTimeoutEnabled; otherwise
+// the client's ReadTimeout bounds the call); once one succeeded, Release does
 // nothing and returns nil. When the lock was no longer this lease's — lost
 // (Lost closed; Release still deletes the key if it is this grant's), or
 // found gone or taken — it returns an error wrapping tenace.ErrLeaseLost
@@ -260,6 +264,15 @@ func (l *lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	a := l.a
+	if _, ok := ctx.Deadline(); !ok && l.state != stateDone {
+		// A ctx without a deadline (the Lock step releases with one) is
+		// bounded by one window: renewals stop here, so past it the server
+		// lets the key go on its own, and a stalled server must not hold
+		// the caller longer. On a client with ContextTimeoutEnabled.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, a.p.window)
+		defer cancel()
+	}
 	switch l.state {
 	case stateDone:
 		return nil
