@@ -143,7 +143,11 @@
 // Release after a loss touches nothing and returns an error wrapping
 // tenace.ErrLeaseLost that says why. If the unlock itself fails (the server
 // went away, ctx ended), Release closes the connection instead — which
-// releases the lock when the server ends the session — and says so.
+// releases the lock when the server ends the session — and says so. A
+// Release whose ctx has no deadline (the Lock step's) gives the unlock 5 s:
+// on a stalled backend it returns after that and the cancel's grace (2 s),
+// having closed the connection (tested with the backend stopped by
+// SIGSTOP: the lock is free once it runs again).
 //
 // A holder that stalls (a long GC pause, a stopped process) keeps its lock
 // as long as its connection lives: there is no expiry on the server. Use a

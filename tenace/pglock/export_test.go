@@ -1,6 +1,10 @@
 package pglock
 
-import "tenace.dev/tenace"
+import (
+	"time"
+
+	"tenace.dev/tenace"
+)
 
 // BackendPID is the process id of the server backend whose session holds
 // l's lock.
@@ -13,3 +17,11 @@ func BackendPID(l tenace.LockLease) uint32 {
 
 // ClassID is the first key of the provider's advisory locks.
 func (p *Provider) ClassID() int32 { return p.classID }
+
+// SetReleaseTimeout sets the bound of a Release whose ctx has no deadline,
+// and returns a func that restores it.
+func SetReleaseTimeout(d time.Duration) (restore func()) {
+	old := releaseTimeout
+	releaseTimeout = d
+	return func() { releaseTimeout = old }
+}

@@ -119,7 +119,8 @@ func (l *lease) Token() uint64 { return l.token }
 // first Release after the loss; later ones return nil). When the unlock
 // itself fails (ctx ended, the server went away), the connection is closed
 // instead, which releases the lock when the server ends the session, and
-// the error is returned.
+// the error is returned. A ctx without a deadline is bounded (5 s, then the
+// cancel's grace), so that a stalled server cannot hold the caller.
 func (l *lease) Release(ctx context.Context) error {
 	if !l.state.CompareAndSwap(leaseHeld, leaseEnded) {
 		if err := l.Err(); err != nil && l.reportLoss() {
@@ -127,8 +128,21 @@ func (l *lease) Release(ctx context.Context) error {
 		}
 		return nil
 	}
+	if _, ok := ctx.Deadline(); !ok {
+		// A ctx without a deadline (the Lock step releases with one) is
+		// bounded, so that a stalled server cannot hold the caller: past
+		// the bound the unlock is cancelled and the connection closed,
+		// which releases the lock when the server ends the session.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, releaseTimeout)
+		defer cancel()
+	}
 	return l.finish(ctx, nil)
 }
+
+// releaseTimeout bounds a Release whose ctx has no deadline (a variable for
+// tests).
+var releaseTimeout = cleanupTimeout
 
 // reported is set by the first Release that returned the loss.
 func (l *lease) reportLoss() bool { return l.reported.CompareAndSwap(false, true) }
