@@ -305,3 +305,43 @@ func TestCloseFailsTheWaiters(t *testing.T) {
 	require.Nil(t, got.lease)
 	require.NoError(t, held.Release(bg))
 }
+
+// Keepalive and the lost signal through a ClusterClient (one-node Redis
+// Cluster) and a FailoverClient (a real Sentinel): renewals keep the key
+// past several windows, and deleting it ends the lease within a renewal
+// interval or so.
+func TestKeepaliveAndLossThroughClusterAndFailoverClients(t *testing.T) {
+	cluster := redistest.StartCluster(t)
+	primary := redistest.Start(t)
+	sentinel := redistest.StartSentinel(t, primary)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{cluster.Addr}, ContextTimeoutEnabled: true})
+	fc := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: redistest.MasterName, SentinelAddrs: []string{sentinel.Addr}, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = cc.Close(); _ = fc.Close() })
+	for _, tc := range []struct {
+		name   string
+		client redis.UniversalClient
+	}{{"cluster", cc}, {"failover", fc}} {
+		t.Run(tc.name, func(t *testing.T) {
+			const window = 200 * time.Millisecond
+			p := newProvider(t, tc.client, redislock.WithWindow(window))
+			other := newProvider(t, tc.client)
+			l := mustAcquire(t, p, "kept", tenace.LockAcquireOptions{})
+			// Five windows: without renewals the key would lapse in one.
+			got, err := other.Acquire(bg, "kept", tenace.LockAcquireOptions{Timeout: 5 * window})
+			require.NoError(t, err)
+			require.Nil(t, got, "renewed through the client: nobody else gets the key")
+			ll := l.(tenace.LosableLease)
+			require.NoError(t, ll.Err())
+			deleted := time.Now()
+			require.NoError(t, tc.client.Del(bg, "tenace:lock:{kept}").Err())
+			select {
+			case <-ll.Lost():
+			case <-time.After(5 * window):
+				t.Fatal("the deleted key was not reported lost")
+			}
+			t.Logf("%s: lost %v after the key was deleted (renewal interval %v)", tc.name, time.Since(deleted).Round(time.Millisecond), window/3)
+			require.ErrorIs(t, ll.Err(), tenace.ErrLeaseLost)
+			require.ErrorIs(t, l.Release(bg), tenace.ErrLeaseLost)
+		})
+	}
+}
