@@ -234,9 +234,7 @@ func TestReleaseStopsRenewal(t *testing.T) {
 	const window = 150 * time.Millisecond
 	p := newProvider(t, c, redislock.WithWindow(window))
 	l := mustAcquire(t, p, "r", tenace.LockAcquireOptions{})
-	for h.n.Load() < 2 {
-		time.Sleep(10 * time.Millisecond) // until it has renewed twice
-	}
+	eventually(t, "two renewals", func() bool { return h.n.Load() >= 2 })
 	require.NoError(t, l.Release(bg))
 	n := h.n.Load()
 	require.Equal(t, tenace.LockStats{}, p.Stats())
@@ -296,9 +294,7 @@ func TestCloseFailsTheWaiters(t *testing.T) {
 	held := mustAcquire(t, holder, "w", tenace.LockAcquireOptions{})
 	p := redislock.New(c, redislock.WithRetryInterval(time.Hour))
 	r := acquireAsync(bg, p, "w", tenace.LockAcquireOptions{})
-	for p.Stats().Waiting < 1 {
-		time.Sleep(time.Millisecond) // until it waits (subscribed)
-	}
+	eventually(t, "a waiter", func() bool { return p.Stats().Waiting >= 1 })
 	require.NoError(t, p.Close())
 	got := <-r
 	require.ErrorIs(t, got.err, tenace.ErrProviderClosed)

@@ -90,18 +90,36 @@ func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 }
 
 // waitSubscribed returns once n clients are subscribed to key's release
-// channel: the waiters are waiting.
+// channel: the waiters are waiting. It polls the server's own subscriber
+// count: the one signal a separate process gives that a waiter has
+// subscribed.
 func waitSubscribed(t *testing.T, c redis.UniversalClient, key string, n int64) {
 	t.Helper()
 	ch := "tenace:lock:{" + key + "}:released"
-	for {
+	eventually(t, fmt.Sprintf("%d subscribers to %s", n, ch), func() bool {
 		m, err := c.PubSubNumSub(bg, ch).Result()
 		require.NoError(t, err)
-		if m[ch] >= n {
-			return
+		return m[ch] >= n
+	})
+}
+
+// eventually polls cond every millisecond until it holds, failing the test
+// after 10 s: for a state another goroutine, process or the server reaches
+// and signals no other way.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	within(t, 10*time.Second, what, cond)
+}
+
+// within is eventually with a bound of its own, where the bound is the
+// point (the server's clock).
+func within(t *testing.T, bound time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, bound)
 		}
-		// Polling the server's own subscriber count: the one signal a
-		// separate process gives that a waiter has subscribed.
 		time.Sleep(time.Millisecond)
 	}
 }
@@ -477,9 +495,7 @@ func TestAReleaseWakesOneWaiterInArrivalOrder(t *testing.T) {
 		})
 		// Each waiter tries once, subscribes, tries again, then waits: two
 		// tries mean it is queued behind the ones before it.
-		for h.acquires.Load() < int64(2*(i+1)) {
-			time.Sleep(time.Millisecond) // polling the server-side count: see waitSubscribed
-		}
+		eventually(t, fmt.Sprintf("waiter %d queued", i), func() bool { return h.acquires.Load() >= int64(2*(i+1)) })
 	}
 	before := h.acquires.Load()
 	require.NoError(t, held.Release(bg))
