@@ -27,7 +27,6 @@
 package pgtest
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"net"
@@ -41,6 +40,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"tenace.dev/internal/serverproc"
 )
 
 // readyLine is what the postmaster logs once it accepts connections.
@@ -233,28 +234,8 @@ func (s *Server) start() error {
 		return fmt.Errorf("starting postgres: %w", err)
 	}
 	s.stopped = false
-	done := make(chan error, 1) // the reader goroutine never blocks on it
+	ready, done := serverproc.Watch(s.cmd, out, readyLine, nil)
 	s.done = done
-	ready := make(chan struct{})
-	var lines []string // what it logged before it was ready, for the error
-	go func() {
-		sc := bufio.NewScanner(out)
-		isReady := false
-		for sc.Scan() {
-			if !isReady {
-				lines = append(lines, sc.Text())
-				if strings.Contains(sc.Text(), readyLine) {
-					isReady = true
-					close(ready)
-				}
-			}
-		}
-		err := s.cmd.Wait()
-		if !isReady {
-			err = fmt.Errorf("%v: %s", err, strings.Join(lines, "\n"))
-		}
-		done <- err
-	}()
 	// The server says when it is ready; no polling.
 	t := time.NewTimer(startTimeout)
 	defer t.Stop()

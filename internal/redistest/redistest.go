@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"tenace.dev/internal/serverproc"
 )
 
 // Server is one running redis-server.
@@ -138,34 +140,16 @@ func (s *Server) start(bin string) error {
 	if err := s.cmd.Start(); err != nil {
 		return fmt.Errorf("redistest: starting redis-server: %w", err)
 	}
-	s.done = make(chan error, 1)
 	s.clusterOK = make(chan struct{})
 	clusterOK := s.clusterOK
-	ready := make(chan struct{})
-	var lines []string // what it printed before it was ready, for the error
-	go func() {
-		sc := bufio.NewScanner(out)
-		isReady, isOK := false, false
-		for sc.Scan() {
-			if !isOK && strings.Contains(sc.Text(), "Cluster state changed: ok") {
-				isOK = true
-				close(clusterOK)
-			}
-			if !isReady {
-				lines = append(lines, sc.Text())
-				if strings.Contains(sc.Text(), readyLine) {
-					isReady = true
-					close(ready)
-				}
-			}
+	isOK := false // read and written by the watcher's goroutine only
+	var ready <-chan struct{}
+	ready, s.done = serverproc.Watch(s.cmd, out, readyLine, func(line string) {
+		if !isOK && strings.Contains(line, "Cluster state changed: ok") {
+			isOK = true
+			close(clusterOK)
 		}
-		err := s.cmd.Wait()
-		if !isReady {
-			s.done <- fmt.Errorf("%v: %s", err, strings.Join(lines, "\n"))
-			return
-		}
-		s.done <- err
-	}()
+	})
 	// The server says when it is ready; no polling.
 	select {
 	case <-ready:
