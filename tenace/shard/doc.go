@@ -7,7 +7,7 @@
 //	callers (any goroutine)                    shard goroutines
 //	─────────────────────────                 ─────────────────────────────
 //	Acquire(k) ──┐  xxhash(k)·N>>64            ┌──────────────────────────┐
-//	Release(k) ──┼──────────────► mailbox ───► │ actor loop: reap, drain  │
+//	Release(k) ──┼──────────────► mailbox ───► │ actor loop: tidy, drain  │
 //	 (waiters)   │   (buffered chan,           │ batch, apply to Table,   │
 //	cancel(w)  ──┘    FIFO per shard)          │ publish, deliver replies │
 //	                                           └────────────┬─────────────┘

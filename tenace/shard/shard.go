@@ -123,8 +123,12 @@ func (g *Grant) Token() uint64 { return g.held.token }
 //     free, and Size no longer counts it, when Release returns. The shard
 //     deletes idle entries reapDepth at a time (a key taken again before
 //     then keeps its entry), or at a Sync: every reapDepth such releases,
-//     the releaser wakes it with a reap message (without blocking: if the
-//     mailbox is full, the next batch finds the reap due anyway).
+//     and when the shard popped this Held before Release had linked it
+//     (see [Table.ReleaseByCAS]), the releaser wakes it with a reap
+//     message (without blocking: if the mailbox is full, the next batch
+//     finds the reap due anyway, see [Table.ReapDue]). The shard may still
+//     write the Grant's list fields after Release returns, until it reaps:
+//     never copy a released Grant.
 //   - When someone waits, the CAS fails and the release is a message on the
 //     shard's mailbox, which the shard applies by granting the oldest
 //     waiter. The send blocks only while the mailbox is full.
@@ -189,16 +193,15 @@ func newShard(g *Group) *Shard {
 	return s
 }
 
-// handle reaps the keys freed by CAS when reapDepth of them are waiting
-// (a key freed and taken again in between keeps its entry: no map delete
-// and insert per operation), applies one batch of messages to the table,
+// handle tidies the table (reaps the keys freed by CAS when reapDepth of
+// them are waiting — a key freed and taken again in between keeps its
+// entry: no map delete and insert per operation — and rebuilds the map
+// after a burst), applies one batch of messages to the table,
 // publishes the waiting counts, then delivers the replies. The table
 // counts held keys as it grants, before any reply: a caller who has its
 // reply sees a Size that includes its own effect.
 func (s *Shard) handle(batch []message) {
-	if s.table.ReapDue() {
-		s.table.Reap()
-	}
+	s.table.Tidy()
 	for i := range batch {
 		m := &batch[i]
 		switch m.kind {
@@ -232,7 +235,8 @@ func (s *Shard) handle(batch []message) {
 			}
 		case msgSync:
 			// After a barrier, every key freed by CAS before it is gone
-			// from the table.
+			// from the table — but those below a release still between
+			// its swap and its link (see Table.ReleaseByCAS).
 			s.table.Reap()
 			s.out = append(s.out, delivery{m.w, reply{kind: replySynced}})
 		case msgReap:

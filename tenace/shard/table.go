@@ -167,8 +167,9 @@ type entry[T any] struct {
 // reclaim list — one swap of the list's head, then the link, with no loop
 // and no wait on either side (see [Table.ReleaseByCAS]); [Table.Reap], run
 // by the owner, pops the whole list and deletes each entry still free (it
-// stays free while the owner looks: only the owner moves it out of free). The owner recycles the entry, so that a busy table does not
-// allocate one per key.
+// stays free while the owner looks: only the owner moves it out of free).
+// The owner recycles the entry, so that a busy table does not allocate one
+// per key.
 //
 // Happens-before: a release by CAS is an atomic write that the owner's next
 // read of the word observes before it grants the key again, and the grant
@@ -180,7 +181,8 @@ type entry[T any] struct {
 //  1. Every entry in the map is under its own key and its word is free,
 //     held(t) or contended(t), never dead. A key is held iff its entry's
 //     word is held or contended; Len counts them. A free entry has no
-//     waiters: it is waiting only for Reap. An idle, reaped table is empty.
+//     waiters: it is waiting only for Reap. An idle table that Reap got
+//     through (nothing awaits its link) is empty.
 //  2. At most one holder per key (the word names one token).
 //  3. A key with waiters is contended (so its holder cannot free it by CAS);
 //     tokens strictly increase along holder, queue head, …, queue tail, and
@@ -227,10 +229,11 @@ func NewTable[T any]() *Table[T] {
 }
 
 // reapDepth: every reapDepth-th push on the reclaim list asks the owner to
-// reap (ReleaseByCAS reports it), so that a burst of releases with no other
-// traffic does not leave its entries in the map: once every release has
-// returned, fewer than reapDepth freed entries per table wait for the
-// owner's next message.
+// reap (ReleaseByCAS reports it), and the owner reaps on its own when it
+// finds that many pushes since its last reap (ReapDue), so that a burst of
+// releases with no other traffic does not leave its entries in the map:
+// once every release has returned and the owner has handled its
+// messages, fewer than reapDepth freed entries per table remain.
 const reapDepth = 64
 
 // spareMax bounds the recycled entries a table keeps: enough for the keys a
@@ -372,21 +375,57 @@ func (t *Table[T]) link(h, below *Held[T]) (reap bool) {
 	return reap
 }
 
-// Reap deletes the entries of keys freed by CAS since the last Reap, and
-// rebuilds the map when it has shrunk far below its peak (see shrinkMin).
-// The shard goroutine calls it when it is due (see ReapDue), when a
-// releaser asks, and before a Sync barrier; it costs one atomic load when
+// Reap deletes the entries of keys freed by CAS whose Held it can reach:
+// every one pushed before the call, except those below a Held whose
+// releaser has not linked it yet (kept awaited; ReapDue stays true until a
+// Reap gets past it). It also rebuilds the map when it has shrunk far below
+// its peak (see shrinkMin). The shard goroutine calls it through Tidy, when
+// a releaser asks, and before a Sync barrier; it costs one atomic load when
 // nothing was freed.
 func (t *Table[T]) Reap() {
 	// Read before the pop: a push is counted after its swap, so every push
-	// counted here is in the list popped below (or an earlier one).
-	t.reaped = t.pushes.Load()
+	// counted here is in the list popped below, in an earlier one, or below
+	// an awaited Held. Rounded down to a multiple of reapDepth: the pushes
+	// that ask for a reap are the multiples, so a batch that follows a
+	// request dropped on a full mailbox finds the reap due.
+	p := t.pushes.Load()
+	t.reaped = p - p%reapDepth
 	if len(t.awaited) > 0 {
 		t.reapAwaited()
 	}
 	if t.freed.Load() != nil {
 		t.reapList(t.freed.Swap(nil))
 	}
+	t.shrink()
+}
+
+// Tidy is the owner's housekeeping before each batch: Reap when it is due,
+// else only the rebuild of a map that a burst released by message has left
+// far below its peak. It costs one atomic load and a few comparisons when
+// there is nothing to do.
+func (t *Table[T]) Tidy() {
+	if t.ReapDue() {
+		t.Reap()
+		return
+	}
+	t.shrink()
+}
+
+// ReapDue reports whether the owner should reap now: a multiple of
+// reapDepth releases by CAS was crossed since the last Reap (the push that
+// crossed it also asked for a reap, which a full mailbox may have
+// dropped), or a Held still awaits its link. An owner that reaps only then
+// (and when a releaser or a barrier asks) lets a key freed and taken again
+// between two reaps keep its entry; once every release has returned and
+// the owner has handled its messages, fewer than reapDepth freed entries
+// wait in the map. It costs one atomic load.
+func (t *Table[T]) ReapDue() bool {
+	return len(t.awaited) > 0 || t.pushes.Load()-t.reaped >= reapDepth
+}
+
+// shrink rebuilds the map, and the queue-length counts, when they have
+// shrunk far below their peak (see shrinkMin).
+func (t *Table[T]) shrink() {
 	if t.peak >= shrinkMin && len(t.entries) <= t.peak/shrinkRatio {
 		t.entries = maps_clone(t.entries)
 		t.peak = len(t.entries)
@@ -395,13 +434,6 @@ func (t *Table[T]) Reap() {
 		t.byLen = slices.Clone(t.byLen[:t.longest+1])
 	}
 }
-
-// ReapDue reports whether at least reapDepth grants were released by CAS
-// since the last Reap: an owner that reaps only then (and when a releaser or
-// a barrier asks) lets a key freed and taken again between two reaps keep
-// its entry, and still never keeps more than about reapDepth idle entries.
-// It costs one atomic load.
-func (t *Table[T]) ReapDue() bool { return t.pushes.Load()-t.reaped >= reapDepth }
 
 // reapList deletes the entries of the grants on a list popped from the
 // reclaim list, as far as its links are written (see ReleaseByCAS).
