@@ -406,9 +406,9 @@ func (t *Table[T]) Reap() {
 func (t *Table[T]) Tidy() {
 	if t.ReapDue() {
 		t.Reap()
-		return
+	} else if t.peak >= shrinkMin || cap(t.byLen) > shrinkMin {
+		t.shrink()
 	}
-	t.shrink()
 }
 
 // ReapDue reports whether the owner should reap now: a multiple of
