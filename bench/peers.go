@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"sync"
 
@@ -67,6 +68,30 @@ func makeLocker(name string, shards int) (Locker, bool) {
 	}
 	return nil, false
 }
+
+// providerLocker is a distributed tenace provider (redislock, pglock)
+// behind Locker: acquire with opts, run fn, release.
+type providerLocker struct {
+	p interface {
+		tenace.LockProvider
+		Close() error
+	}
+	opts tenace.LockAcquireOptions
+}
+
+func (t *providerLocker) Do(ctx context.Context, key string, fn func(context.Context) error) error {
+	l, err := t.p.Acquire(ctx, key, t.opts)
+	if err != nil {
+		return err
+	}
+	if l == nil {
+		return errors.New("not acquired")
+	}
+	_ = fn(ctx)
+	return l.Release(ctx)
+}
+func (t *providerLocker) TakesContext() bool { return true }
+func (t *providerLocker) Close()             { _ = t.p.Close() }
 
 type tenaceLocker struct{ p *tenace.MemoryLockProvider }
 

@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"tenace.dev/tenace"
 	"tenace.dev/tenace/pglock"
 )
 
@@ -30,14 +28,14 @@ var postgresImpls = []struct {
 		if err != nil {
 			return nil, err
 		}
-		return &tenacePG{p: p}, nil
+		return &providerLocker{p: p}, nil
 	}},
 	{"tenace-pg-nofence", "tenace/pglock WithoutFencing: the lock alone, no commit", func(ctx context.Context, conn string, maxConns int) (Locker, error) {
 		p, err := pglock.New(ctx, conn, pglock.WithMaxConns(maxConns), pglock.WithoutFencing())
 		if err != nil {
 			return nil, err
 		}
-		return &tenacePG{p: p}, nil
+		return &providerLocker{p: p}, nil
 	}},
 	{"pg-hand", "pg_advisory_lock(hashtextextended(key)) on a pooled connection, by hand", func(ctx context.Context, conn string, maxConns int) (Locker, error) {
 		cfg, err := pgxpool.ParseConfig(conn)
@@ -52,22 +50,6 @@ var postgresImpls = []struct {
 		return &handPG{pool: pool}, nil
 	}},
 }
-
-type tenacePG struct{ p *pglock.Provider }
-
-func (t *tenacePG) Do(ctx context.Context, key string, fn func(context.Context) error) error {
-	l, err := t.p.Acquire(ctx, key, tenace.LockAcquireOptions{})
-	if err != nil {
-		return err
-	}
-	if l == nil {
-		return errors.New("not acquired")
-	}
-	_ = fn(ctx)
-	return l.Release(ctx)
-}
-func (t *tenacePG) TakesContext() bool { return true }
-func (t *tenacePG) Close()             { _ = t.p.Close() }
 
 type handPG struct{ pool *pgxpool.Pool }
 

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"math"
 	"time"
 
@@ -28,7 +27,7 @@ var redisImpls = []struct {
 	make func(c *redis.Client) Locker
 }{
 	{"tenace-redis", "tenace/redislock: wakes on the release message", func(c *redis.Client) Locker {
-		return &tenaceRedis{p: redislock.New(c)}
+		return &providerLocker{p: redislock.New(c), opts: tenace.LockAcquireOptions{TTL: redisTTL}}
 	}},
 	{"redsync", "go-redsync/redsync v4: polls 50–250ms apart", func(c *redis.Client) Locker {
 		return &redsyncLocker{rs: redsync.New(goredis.NewPool(c))}
@@ -39,22 +38,6 @@ var redisImpls = []struct {
 }
 
 const redisTTL = 10 * time.Second
-
-type tenaceRedis struct{ p *redislock.Provider }
-
-func (t *tenaceRedis) Do(ctx context.Context, key string, fn func(context.Context) error) error {
-	l, err := t.p.Acquire(ctx, key, tenace.LockAcquireOptions{TTL: redisTTL})
-	if err != nil {
-		return err
-	}
-	if l == nil {
-		return errors.New("not acquired")
-	}
-	_ = fn(ctx)
-	return l.Release(ctx)
-}
-func (t *tenaceRedis) TakesContext() bool { return true }
-func (t *tenaceRedis) Close()             { _ = t.p.Close() }
 
 type redsyncLocker struct{ rs *redsync.Redsync }
 
