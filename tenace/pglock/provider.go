@@ -501,10 +501,10 @@ func (p *Provider) waitEnded(ctx, wctx context.Context) (tenace.LockLease, error
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	cause := context.Cause(wctx)
-	if errors.Is(cause, tenace.ErrAcquireTimeout) {
+	if tenace.TimedOut(ctx, wctx) {
 		return nil, nil
 	}
+	cause := context.Cause(wctx)
 	if errors.Is(cause, tenace.ErrProviderClosed) {
 		return nil, p.closedErr()
 	}
