@@ -116,7 +116,7 @@ func New() (*Server, error) {
 	// A free port can be taken by someone else before the server binds it:
 	// try a few.
 	for attempt := 0; ; attempt++ {
-		if s.Port, err = freePort(); err != nil {
+		if s.Port, err = serverproc.FreePort(); err != nil {
 			s.Close()
 			return nil, fmt.Errorf("no free loopback port: %v", err)
 		}
@@ -205,15 +205,6 @@ func (s *Server) sysProcAttr() *syscall.SysProcAttr {
 	// Pdeathsig: a test binary that dies takes its server with it
 	// (SIGQUIT is PostgreSQL's immediate shutdown).
 	return &syscall.SysProcAttr{Credential: s.cred, Pdeathsig: syscall.SIGQUIT, Setpgid: true}
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // start runs the postmaster and returns once it logs that it accepts

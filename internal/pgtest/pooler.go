@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"tenace.dev/internal/serverproc"
 )
 
 // Pooler is a PgBouncer in front of a Server.
@@ -45,7 +47,7 @@ func StartPooler(tb testing.TB, s *Server, mode string) *Pooler {
 			tb.Fatal(err)
 		}
 	}
-	port, err := freePort()
+	port, err := serverproc.FreePort()
 	if err != nil {
 		tb.Fatal(err)
 	}

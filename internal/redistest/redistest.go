@@ -89,7 +89,7 @@ func startWith(tb testing.TB, set func(*Server)) *Server {
 		}
 		tb.Skip(msg)
 	}
-	port, err := freePort()
+	port, err := serverproc.FreePort()
 	if err != nil {
 		tb.Fatalf("redistest: no free loopback port: %v", err)
 	}
@@ -100,15 +100,6 @@ func startWith(tb testing.TB, set func(*Server)) *Server {
 	}
 	tb.Cleanup(s.Stop)
 	return s
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func (s *Server) start(bin string) error {

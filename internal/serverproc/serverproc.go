@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"net"
 	"os/exec"
 	"strings"
 )
@@ -43,4 +44,15 @@ func Watch(cmd *exec.Cmd, log io.Reader, readyLine string, onLine func(line stri
 		done <- err
 	}()
 	return r, done
+}
+
+// FreePort returns a TCP port on the loopback interface that was free a
+// moment ago, for a test server to listen on.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
