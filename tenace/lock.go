@@ -99,13 +99,12 @@ func LeaseFrom(ctx context.Context) (LockLease, bool) {
 }
 
 // heldCtx is the context the inner steps run with while a Lock holds its
-// lease: the parent context plus the lease, in one allocation that also
-// holds a MemoryLockProvider's lease, so that a lock step costs one
-// allocation per call on the memory provider.
+// lease: the parent context plus the lease, in one allocation, made once the
+// lease is granted. With a MemoryLockProvider, whose leases cost no
+// allocation of their own, a lock step costs that one allocation.
 type heldCtx struct {
 	context.Context
 	lease LockLease
-	mem   memoryLease
 }
 
 func (c *heldCtx) Value(key any) any {
@@ -154,18 +153,9 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 		x.Emit(Event{Name: EventLockAcquiring, Key: key, Context: ctx})
 	}
 	var held *heldCtx
-	var err error
-	if in, ok := provider.(leaseInliner); ok {
-		held = &heldCtx{Context: ctx}
-		var granted bool
-		if granted, err = in.acquireInto(ctx, key, opts, &held.mem); granted {
-			held.lease = &held.mem
-		}
-	} else {
-		var lease LockLease
-		if lease, err = provider.Acquire(ctx, key, opts); lease != nil {
-			held = &heldCtx{Context: ctx, lease: lease}
-		}
+	lease, err := provider.Acquire(ctx, key, opts)
+	if lease != nil {
+		held = &heldCtx{Context: ctx, lease: lease}
 	}
 	if err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {

@@ -147,9 +147,9 @@ func DefaultLockProvider() *MemoryLockProvider { return defaultProvider() }
 // the next waiter, and Acquire reports the give-up: an error or nil lease
 // always means nothing is held. opts.TTL is ignored: these locks never expire.
 func (p *MemoryLockProvider) Acquire(ctx context.Context, key string, opts LockAcquireOptions) (LockLease, error) {
-	// acquireInto's body, written out: every parked waiter keeps this frame and
-	// those below it on its stack, and with one frame fewer the stack stays
-	// within the 2 KiB a goroutine starts with (see acquireInto).
+	// Every parked waiter keeps this frame and those below it on its stack:
+	// the checks and the timer are in functions of their own, so that the
+	// stack stays within the 2 KiB a goroutine starts with.
 	if err := p.check(ctx, key, &opts); err != nil {
 		return nil, err
 	}
@@ -158,12 +158,9 @@ func (p *MemoryLockProvider) Acquire(ctx context.Context, key string, opts LockA
 	case opts.Timeout == NoWait:
 		mode = shard.Try
 	case opts.Timeout > 0:
-		l := new(memoryLease)
-		if ok, err := p.acquireTimeout(ctx, key, opts, l); !ok {
-			return nil, err
-		}
-		return l, nil
+		return p.acquireTimeout(ctx, key, opts)
 	}
+	// wait's body, written out: one frame fewer on a waiter's stack.
 	s := p.group.For(key)
 	out, err := s.Acquire(ctx, key, mode, nil)
 	if err != nil {
@@ -175,52 +172,9 @@ func (p *MemoryLockProvider) Acquire(ctx context.Context, key string, opts LockA
 	if !out.Granted {
 		return nil, nil
 	}
-	return &memoryLease{grant: out.Grant(s)}, nil
-}
-
-// leaseInliner is the optional interface of a provider whose lease the Lock
-// step can keep inside its own allocation (the context that carries the
-// lease), so that a lock step costs one allocation: acquireInto is Acquire
-// writing the grant into dst instead of allocating a lease. Unexported: the
-// lease type is the memory provider's; any other provider, or a wrapper of
-// this one, goes through Acquire.
-type leaseInliner interface {
-	acquireInto(ctx context.Context, key string, opts LockAcquireOptions, dst *memoryLease) (granted bool, err error)
-}
-
-var _ leaseInliner = (*MemoryLockProvider)(nil)
-
-// acquireInto is Acquire writing the grant into dst, so that the Lock
-// strategy can keep the lease inside its own allocation (see leaseInliner).
-//
-// Its frame, and those below it, stay on the stack of every parked waiter,
-// and a goroutine's first stack is 2 KiB: the checks are in their own
-// function, and this one is small enough to be inlined into its callers.
-func (p *MemoryLockProvider) acquireInto(ctx context.Context, key string, opts LockAcquireOptions, dst *memoryLease) (bool, error) {
-	if err := p.check(ctx, key, &opts); err != nil {
-		return false, err
-	}
-	mode := shard.Wait
-	switch {
-	case opts.Timeout == NoWait:
-		mode = shard.Try
-	case opts.Timeout > 0:
-		return p.acquireTimeout(ctx, key, opts, dst)
-	}
-	// wait's body, written out: one frame fewer on a waiter's stack.
-	s := p.group.For(key)
-	out, err := s.Acquire(ctx, key, mode, nil)
-	if err != nil {
-		if err == shard.ErrStopped { // the shard returns it unwrapped
-			return false, ErrProviderClosed
-		}
-		return false, err
-	}
-	if !out.Granted {
-		return false, nil
-	}
-	dst.grant = out.Grant(s)
-	return true, nil
+	// The lease is the shard's Grant itself: made for this grant alone and
+	// never reused, so handing it out costs no allocation (see shard.Grant).
+	return (*memoryLease)(out.Grant()), nil
 }
 
 // check returns why an acquire must not be sent, or nil.
@@ -236,38 +190,38 @@ func (p *MemoryLockProvider) check(ctx context.Context, key string, opts *LockAc
 	return ctx.Err()
 }
 
-// acquireTimeout is acquireInto with a timeout: the timer lives in this frame,
+// acquireTimeout is Acquire with a timeout: the timer lives in this frame,
 // off the common path, so that a plain waiter's frames stay small — every
 // parked waiter keeps them on its stack (see bench/README.md, Waiters).
-func (p *MemoryLockProvider) acquireTimeout(ctx context.Context, key string, opts LockAcquireOptions, dst *memoryLease) (bool, error) {
+func (p *MemoryLockProvider) acquireTimeout(ctx context.Context, key string, opts LockAcquireOptions) (LockLease, error) {
 	// The timer starts before the acquire is sent, so a test clock that sees
 	// the waiter queued has already seen its timer.
 	if policy.IsSystemClock(opts.Clock) {
 		t := p.startTimer(opts.Timeout)
 		defer p.stopTimer(t)
-		return p.wait(ctx, key, shard.Wait, t.C, dst)
+		return p.wait(ctx, key, t.C)
 	}
 	ch := make(chan time.Time, 1) // one fire, never blocks the clock
 	stop := opts.Clock.AfterFunc(opts.Timeout, func() { ch <- time.Time{} })
 	defer stop()
-	return p.wait(ctx, key, shard.Wait, ch, dst)
+	return p.wait(ctx, key, ch)
 }
 
-// wait sends the acquire to key's shard and waits for the outcome.
-func (p *MemoryLockProvider) wait(ctx context.Context, key string, mode shard.Mode, timeout <-chan time.Time, dst *memoryLease) (bool, error) {
+// wait sends the acquire to key's shard and waits for the outcome, or for
+// timeout.
+func (p *MemoryLockProvider) wait(ctx context.Context, key string, timeout <-chan time.Time) (LockLease, error) {
 	s := p.group.For(key)
-	out, err := s.Acquire(ctx, key, mode, timeout)
+	out, err := s.Acquire(ctx, key, shard.Wait, timeout)
 	if err != nil {
 		if err == shard.ErrStopped { // the shard returns it unwrapped
-			return false, ErrProviderClosed
+			return nil, ErrProviderClosed
 		}
-		return false, err
+		return nil, err
 	}
 	if !out.Granted {
-		return false, nil
+		return nil, nil
 	}
-	dst.grant = out.Grant(s)
-	return true, nil
+	return (*memoryLease)(out.Grant()), nil
 }
 
 // startTimer returns a running timer from the pool. Pooling is safe since
@@ -330,11 +284,9 @@ func (p *MemoryLockProvider) Close() error {
 // call: after it, Size is exact. For tests.
 func (p *MemoryLockProvider) sync(ctx context.Context) error { return p.group.Sync(ctx) }
 
-// memoryLease is a MemoryLockProvider grant.
-type memoryLease struct {
-	grant    shard.Grant
-	released atomic.Bool
-}
+// memoryLease is a MemoryLockProvider grant: the shard's Grant, under the
+// methods of a lease.
+type memoryLease shard.Grant
 
 var _ FencedLease = (*memoryLease)(nil)
 
@@ -346,12 +298,9 @@ var _ FencedLease = (*memoryLease)(nil)
 // calling goroutine does next on the key is ordered after it. A second call
 // does nothing.
 func (l *memoryLease) Release(context.Context) error {
-	if l.released.Swap(true) {
-		return nil
-	}
-	l.grant.Release()
+	(*shard.Grant)(l).Release()
 	return nil
 }
 
 // Token is the grant's fencing token.
-func (l *memoryLease) Token() uint64 { return l.grant.Token() }
+func (l *memoryLease) Token() uint64 { return (*shard.Grant)(l).Token() }

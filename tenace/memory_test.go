@@ -249,6 +249,32 @@ func TestReleaseTwiceDoesNothing(t *testing.T) {
 	requireIdle(t, p, "k")
 }
 
+// TestLeasesAreNeverReused: a lease is the shard's Grant, cut from a slab,
+// and never handed out again — across several slabs, every lease is a new
+// one, and releasing all the old ones again frees nothing.
+func TestLeasesAreNeverReused(t *testing.T) {
+	p, _ := newProvider(t)
+	seen := map[tenace.LockLease]bool{}
+	var old []tenace.LockLease
+	for range 3*64 + 1 {
+		l := mustAcquire(t, p, "k")
+		require.False(t, seen[l], "a lease handed out twice")
+		seen[l] = true
+		old = append(old, l)
+		require.NoError(t, l.Release(bg))
+	}
+	b := mustAcquire(t, p, "k")
+	require.False(t, seen[b])
+	for _, l := range old {
+		require.NoError(t, l.Release(bg))
+	}
+	l, err := p.Acquire(bg, "k", tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+	require.NoError(t, err)
+	require.Nil(t, l, "no old lease freed the new holder")
+	require.NoError(t, b.Release(bg))
+	requireIdle(t, p, "k")
+}
+
 func TestTokensStrictlyIncreaseGrantAfterGrant(t *testing.T) {
 	p, queued := newProvider(t)
 	var last uint64

@@ -41,11 +41,11 @@ const (
 )
 
 // reply is 16 bytes, so that a waiter's channel (96-byte header and a
-// buffer of one) fits the 112-byte size class. A grant's entry is not in it:
-// the table wrote it in the waiter, which the caller reads after the reply.
+// buffer of one) fits the 112-byte size class. A grant's token and entry
+// are in the Grant it points to, which the shard filled in before sending.
 type reply struct {
 	kind  replyKind
-	token uint64
+	grant *Grant // when kind is replyGranted
 }
 
 // waiter is the Table's waiter with its reply channel.
@@ -91,32 +91,44 @@ type Outcome struct {
 	// leave the key as if the caller had never asked.
 	PassedOn bool
 
-	lock *entry[chan reply] // the key's entry, when Granted
+	grant *Grant // when Granted
 }
 
-// Grant is what the caller keeps, when o is Granted, to release the key it
-// asked shard s for; see [Grant].
-func (o Outcome) Grant(s *Shard) Grant {
-	return Grant{shard: s, held: Held[chan reply]{lock: o.lock, token: o.Token}}
-}
+// Grant is what the caller keeps, when o is Granted, to release the key:
+// the shard made it for this grant alone (see [Grant]). Nil when o is not
+// Granted.
+func (o Outcome) Grant() *Grant { return o.grant }
 
 // Grant is a granted key, as its holder keeps it to release it. Its zero
 // value holds nothing.
 //
-// Keep a Grant where it is until it is released, and never reuse its memory
-// for another grant: a Grant released by CAS sits on the shard's reclaim
-// list until the shard reaps, linked through its own fields.
+// The shard makes a Grant for each grant it sends, and never uses its
+// memory for another: a Grant released by CAS sits on the shard's reclaim
+// list until the shard reaps, linked through its own fields, and a second
+// Release of it must still find it released. So the holder can hand out a
+// *Grant as its lease, without a copy and without an allocation of its
+// own. Grants are cut from slabs of grantSlab, which the shard allocates
+// (one allocation every grantSlab grants instead of one per grant); a
+// slab's memory is freed once none of its Grants is referenced, so a Grant
+// kept long keeps its slab's few KiB.
 type Grant struct {
 	shard *Shard
 	held  Held[chan reply]
 }
 
+// grantSlab is how many Grants the shard allocates at once (40 bytes
+// each: 2,560 bytes a slab). A lease that was an allocation of its own per
+// acquire cost about a sixth of an uncontended acquire+release (bench,
+// README: "One allocation per lease"), most of it the allocation's call,
+// the rest the collector's work for the bytes.
+const grantSlab = 64
+
 // Token is the grant's token: strictly increasing per key, grant after
 // grant.
 func (g *Grant) Token() uint64 { return g.held.token }
 
-// Release ends the grant. Call it at most once per grant (the caller guards
-// against a second call). It never waits for the shard:
+// Release ends the grant; a second call does nothing (an atomic flag in the
+// Grant). It never waits for the shard:
 //
 //   - When nobody waits for the key, it is one compare-and-swap on the
 //     key's entry (see [Table], "Release by compare-and-swap"): the key is
@@ -140,7 +152,7 @@ func (g *Grant) Token() uint64 { return g.held.token }
 // After the group stopped, it does nothing.
 func (g *Grant) Release() {
 	s := g.shard
-	if s == nil {
+	if s == nil || atomic.SwapUint32(&g.held.released, 1) != 0 {
 		return
 	}
 	released, reap := s.table.ReleaseByCAS(&g.held)
@@ -176,6 +188,7 @@ type Shard struct {
 	table  *Table[chan reply]
 	out    []delivery
 	queued []string
+	grants []Grant // what is left of the slab new Grants are cut from
 }
 
 type delivery struct {
@@ -259,8 +272,18 @@ func (s *Shard) handle(batch []message) {
 	s.queued = s.queued[:0]
 }
 
+// grant makes w's Grant, cut from the current slab (see grantSlab), and
+// queues its reply. A Grant made for a waiter that gave up as it was
+// granted (abort during grant) is never handed out: the collector takes
+// it with its slab.
 func (s *Shard) grant(w *waiter) {
-	s.out = append(s.out, delivery{w, reply{kind: replyGranted, token: w.token}})
+	if len(s.grants) == 0 {
+		s.grants = make([]Grant, grantSlab)
+	}
+	g := &s.grants[0]
+	s.grants = s.grants[1:]
+	g.shard, g.held.lock, g.held.token = s, w.lock, w.token
+	s.out = append(s.out, delivery{w, reply{kind: replyGranted, grant: g}})
 }
 
 // publish stores the waiting counts for Stats; a store only when they
@@ -367,14 +390,12 @@ func (s *Shard) Acquire(ctx context.Context, key string, mode Mode, timeout <-ch
 			return Outcome{PassedOn: s.withdraw(w)}, nil
 		}
 	}
-	// The table wrote w.lock before the shard sent the reply, and the
-	// receive happens after the send: the read is ordered. It must come
-	// before the waiter goes back to the pool.
-	lock := w.lock
+	// The shard filled in r.grant before it sent the reply, and the receive
+	// happens after the send: reading it is ordered.
 	s.group.putWaiter(w)
 	switch r.kind {
 	case replyGranted:
-		return Outcome{Granted: true, Token: r.token, lock: lock}, nil
+		return Outcome{Granted: true, Token: r.grant.held.token, grant: r.grant}, nil
 	case replyRefused:
 		return Outcome{}, nil
 	}

@@ -162,7 +162,7 @@ func TestShardAbortDuringGrantGrantArrivesFirst(t *testing.T) {
 	require.Equal(t, replyGranted, r.kind, "w's one reply is the grant it gave up")
 	r = <-next.Value
 	require.Equal(t, replyGranted, r.kind, "w's grant passed straight on")
-	s.Release("k", r.token)
+	s.Release("k", r.grant.Token())
 	requireFree(t, g, "k")
 }
 
@@ -280,8 +280,7 @@ func grantOf(t *testing.T, s *Shard, key string) *Grant {
 	out, err := s.Acquire(context.Background(), key, Wait, nil)
 	require.NoError(t, err)
 	require.True(t, out.Granted)
-	g := out.Grant(s)
-	return &g
+	return out.Grant()
 }
 
 // A key released by CAS and taken again before the shard reaps keeps its

@@ -75,6 +75,10 @@ type Held[T any] struct {
 	// there (see Table.ReleaseByCAS).
 	next *Held[T]
 	link uint32 // linkPending, linkSet or linkAwaited; atomic
+	// Set by the first Grant.Release (atomic), so that a second does
+	// nothing; here rather than in Grant, where it would not fit in the
+	// padding after link.
+	released uint32
 }
 
 // A pushed Held's link state. Each side moves it once, by one
