@@ -30,6 +30,11 @@
 // concurrency story, and the mailbox's FIFO order is the whole ordering
 // story. [Table] gives the protocol and why it keeps the arrival order.
 //
+// The holder's handle is a [Grant] the shard made for that grant alone, cut
+// from a slab of 64 that the shard allocates on its own goroutine and never
+// reuses: the memory provider hands it out as its lease, so an acquire
+// allocates nothing of its own.
+//
 // The Table is where the protocol lives, with no goroutines, channels or
 // clock: methods take a request and return its effects (the waiter granted
 // now). That makes every rule of the lock manager testable step by step
