@@ -74,6 +74,9 @@ func ValidateAcquire(key string, opts LockAcquireOptions) error {
 	return nil
 }
 
+// validateAcquire is ValidateAcquire. MemoryLockProvider.Acquire repeats
+// its comparisons inline (and calls it only when one fails): keep the two
+// together.
 func validateAcquire(key string, opts LockAcquireOptions) error { return ValidateAcquire(key, opts) }
 
 // AcquireContext returns a context for the whole of one Acquire, for

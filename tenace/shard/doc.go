@@ -13,8 +13,8 @@
 //	                                           └────────────┬─────────────┘
 //	waiter's reply chan (buffer 1) ◄──── grant / refused / cancelled / closed
 //
-//	Release(k), nobody waiting: CAS k's word held(t) → free, push on the
-//	shard's reclaim list; the shard deletes idle entries 64 at a time
+//	Release(k), nobody waiting: CAS k's word held(t) → free; the shard
+//	sweeps free entries once 64, and as many as are held, wait
 //
 // Each shard goroutine alone owns its Table: the holders and FIFO wait
 // queues of its keys. Acquire and cancel reach it only as messages on its
@@ -25,7 +25,7 @@
 // contended before it queues anyone, so the CAS fails exactly then): the
 // common uncontended release costs the shard nothing. No mutex, semaphore or
 // spin lock guards the lock state: every atomic is used once, never looped
-// on (the release's CAS, and the swap and link of the reclaim list's push),
+// on (the release's CAS, the held count's decrement, the entry count's read),
 // and only the shard grants; ownership by one goroutine is the whole
 // concurrency story, and the mailbox's FIFO order is the whole ordering
 // story. [Table] gives the protocol and why it keeps the arrival order.

@@ -7,9 +7,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// owner drives a table as Shard.handle does: Tidy at the start of each
-// batch; a reap request that a releaser got from ReleaseByCAS / link
-// reaches it only if the mailbox had room (TrySend).
+// owner drives a table as Shard.handle does: Tidy after each batch; a reap
+// request that a releaser got from ReleaseByCAS reaches it only if the
+// mailbox had room (TrySend), and then only as a wake-up for a batch.
 type owner struct {
 	tb *Table[int]
 }
@@ -24,95 +24,94 @@ func grantKey(t *testing.T, tb *Table[int], key string) *Held[int] {
 	return heldOf(w)
 }
 
-// pausedPush is the first half of ReleaseByCAS: the CAS and the swap,
-// then the releaser is descheduled before link. It returns what link needs.
-func pausedPush(t *testing.T, tb *Table[int], h *Held[int]) (below *Held[int]) {
-	t.Helper()
-	require.True(t, h.lock.state.CompareAndSwap(held(h.token), stFree))
-	tb.held.Add(-1)
-	return tb.freed.Swap(h)
-}
-
-// The pushes below a Held that Reap found unlinked (kept awaited) are
-// counted as reaped though their entries are still in the map. If the
-// releaser's reap request, once it links, is dropped on a full mailbox, the
-// owner must still come back to them: ReapDue holds while a Held awaits its
-// link, so the next batch reaps them. (Found in review: before, an idle
-// shard kept every entry below the cut — 499 here.)
-func TestADroppedWakeAfterAnAwaitedHeldStrandsNoEntries(t *testing.T) {
-	const n = 500
+// The releaser whose CAS makes the sweep due is told so, exactly when at
+// least reapDepth entries are free and at least as many as are held; the
+// ones before it are not.
+func TestReleaseByCASAsksForASweepWhenItIsDue(t *testing.T) {
+	const n = 3 * reapDepth
 	tb := NewTable[int]()
-	o := owner{tb}
 	var hs []*Held[int]
 	for i := range n {
 		hs = append(hs, grantKey(t, tb, fmt.Sprint("k", i)))
 	}
-	// A burst of releases by CAS while the owner is busy with one long
-	// batch: their every-reapDepth-th requests are queued in the mailbox.
-	requests := 0
-	for _, h := range hs[:n-1] {
+	free, sweeps := 0, 0
+	for i, h := range hs {
 		released, reap := tb.ReleaseByCAS(h)
 		require.True(t, released)
+		free++
+		held := n - i - 1
+		require.Equal(t, free >= reapDepth && free >= held, reap, "release %d: %d free, %d held", i, free, held)
+		require.Equal(t, reap, tb.ReapDue())
 		if reap {
-			requests++
+			// The owner sweeps: only the keys still held are left.
+			owner{tb}.batch()
+			require.Equal(t, held, tb.Entries())
+			require.NoError(t, tb.CheckInvariants())
+			free = 0
+			sweeps++
 		}
 	}
-	require.Equal(t, (n-1)/reapDepth, requests)
-	// The last releaser swaps, then is descheduled before its link.
-	paused := hs[n-1]
-	below := pausedPush(t, tb, paused)
-	// The owner's next batch: the reap is due, and finds paused unlinked;
-	// the queued requests are applied in that batch, still before the link.
-	o.batch()
-	for range requests {
-		tb.Reap() // msgReap
-	}
-	require.Equal(t, []*Held[int]{paused}, tb.awaited)
-	// The releaser links, and asks for a reap; the mailbox is full by now
-	// (other callers' acquires), so this one TrySend drops the request —
-	// the only message dropped in the whole scenario.
-	require.True(t, tb.link(paused, below))
-	// The mailbox drains: more batches, no more releases by CAS.
-	o.batch()
-	o.batch()
-	require.Zero(t, tb.Len(), "nothing is held")
-	require.Less(t, tb.Entries(), reapDepth,
-		"an idle shard keeps %d idle entries (ReapDue=%v): every key below the awaited Held", tb.Entries(), tb.ReapDue())
+	require.Equal(t, 2, sweeps, "at 96 free / 96 held, then at 64 free / 32 held")
+	require.Less(t, tb.Entries(), reapDepth, "an idle table keeps fewer than reapDepth free entries")
 }
 
 // Grant.Release says that when its reap request is dropped because the
-// mailbox is full, "the next batch finds the reap due anyway". The request
-// fires when pushes is a multiple of reapDepth, and Reap counts the pushes
-// it covered rounded down to a multiple, so the batch after the dropped
-// request finds the reap due. (Found in review: before, the last Reap's
-// exact count made it miss, leaving up to 2*reapDepth-2 idle entries.)
+// mailbox is full, a batch comes next and the shard checks after every
+// batch: the batch after the dropped request finds the sweep due.
 func TestADroppedReapRequestIsFoundDueByTheNextBatch(t *testing.T) {
 	tb := NewTable[int]()
-	o := owner{tb}
 	var hs []*Held[int]
-	for i := range 2*reapDepth - 1 {
+	for i := range reapDepth {
 		hs = append(hs, grantKey(t, tb, fmt.Sprint("k", i)))
 	}
-	released, _ := tb.ReleaseByCAS(hs[0])
-	require.True(t, released)
-	tb.Reap() // a Sync, after one push
-	for i, h := range hs[1:reapDepth] {
-		released, reap := tb.ReleaseByCAS(h)
-		require.True(t, released)
-		require.Equal(t, i+2 == reapDepth, reap)
+	var reap bool
+	for _, h := range hs {
+		_, reap = tb.ReleaseByCAS(h)
 	}
-	// The request of push reapDepth was dropped: the mailbox was full, so a
-	// batch comes next.
-	require.True(t, tb.ReapDue(), "the next batch finds the reap due anyway (Grant.Release's doc)")
-	o.batch()
-	require.Equal(t, len(hs)-reapDepth, tb.Entries(), "only the keys still held are left")
+	require.True(t, reap, "the last release asked")
+	// Its TrySend found the mailbox full and dropped the request.
+	require.True(t, tb.ReapDue(), "the next batch finds the sweep due anyway")
+	owner{tb}.batch()
+	require.Zero(t, tb.Entries())
 	require.False(t, tb.ReapDue())
 }
 
+// The owner's own changes can make a sweep due with no releaser to see it:
+// releases by message delete held entries, and the held count drops under
+// the free ones. The owner's Tidy after the batch sweeps.
+func TestTheOwnerSweepsWhenItsOwnBatchMadeItDue(t *testing.T) {
+	const n = 200
+	tb := NewTable[int]()
+	var ws []*Waiter[int]
+	for i := range n {
+		w := &Waiter[int]{}
+		require.True(t, tb.Acquire(fmt.Sprint("k", i), w))
+		ws = append(ws, w)
+	}
+	// reapDepth released by CAS: as many free, but fewer than held.
+	for _, w := range ws[:reapDepth] {
+		released, reap := tb.ReleaseByCAS(heldOf(w))
+		require.True(t, released)
+		require.False(t, reap)
+	}
+	owner{tb}.batch()
+	require.Equal(t, n, tb.Entries(), "not due: fewer free than held")
+	// One batch of releases by message: the held count falls under the
+	// free entries, and no releaser's CAS saw it.
+	for i, w := range ws[reapDepth : n-36] {
+		released, _ := tb.Release(fmt.Sprint("k", reapDepth+i), w.Token())
+		require.True(t, released)
+	}
+	require.True(t, tb.ReapDue(), "%d free, %d held", tb.Entries()-tb.Len(), tb.Len())
+	owner{tb}.batch()
+	require.Equal(t, 36, tb.Entries(), "only the keys still held")
+	require.NoError(t, tb.CheckInvariants())
+}
+
 // A burst released by message (every key had waiters, or its holder used
-// Shard.Release) pushes nothing on the reclaim list, so no reap comes due;
-// the owner's Tidy still rebuilds the map once it has shrunk far below its
-// peak. (Found in review: only a Sync did, after reaping became lazy.)
+// Shard.Release) leaves no free entry, so no sweep comes due; the owner's
+// Tidy still rebuilds the map once it has shrunk far below its peak.
+// (Found in review: only a Sync did, after reaping became lazy.)
 func TestTidyRebuildsTheMapAfterABurstReleasedByMessage(t *testing.T) {
 	tb := NewTable[int]()
 	var ws []*Waiter[int]
@@ -131,4 +130,25 @@ func TestTidyRebuildsTheMapAfterABurstReleasedByMessage(t *testing.T) {
 	tb.Tidy()
 	require.Zero(t, tb.peak, "the map was rebuilt at its new size")
 	require.NoError(t, tb.CheckInvariants())
+}
+
+// A burst of a million keys held at once and released by CAS is swept a
+// geometric number of times (each sweep when half the entries are free):
+// the entries a sweep walks stay within a small multiple of the releases.
+func TestSweepsOfABurstWalkFewEntriesPerRelease(t *testing.T) {
+	const n = 100_000
+	tb := NewTable[int]()
+	hs := make([]*Held[int], n)
+	for i := range hs {
+		hs[i] = grantKey(t, tb, fmt.Sprint("k", i))
+	}
+	walked := 0
+	for _, h := range hs {
+		if _, reap := tb.ReleaseByCAS(h); reap {
+			walked += tb.Entries()
+			tb.Reap()
+		}
+	}
+	require.Less(t, tb.Entries(), reapDepth)
+	require.LessOrEqual(t, walked, 3*n, "sweeps walked %d entries for %d releases", walked, n)
 }

@@ -67,7 +67,7 @@ const (
 	msgReleaseHeld         // held: end the grant held names (Grant.Release's fallback)
 	msgCancel              // w: withdraw w (see Shard.withdraw)
 	msgSync                // w: reply once every earlier message is applied
-	msgReap                // nothing: wakes the shard to reap keys freed by CAS (see Grant.Release)
+	msgReap                // nothing: wakes the shard, which sweeps after the batch if still due (see Grant.Release)
 )
 
 // message is the one type on a shard's mailbox; kind says which fields count.
@@ -103,9 +103,7 @@ func (o Outcome) Grant() *Grant { return o.grant }
 // value holds nothing.
 //
 // The shard makes a Grant for each grant it sends, and never uses its
-// memory for another: a Grant released by CAS sits on the shard's reclaim
-// list until the shard reaps, linked through its own fields, and a second
-// Release of it must still find it released. So the holder can hand out a
+// memory for another: a second Release of it must still find it released. So the holder can hand out a
 // *Grant as its lease, without a copy and without an allocation of its
 // own. Grants are cut from slabs of grantSlab, which the shard allocates
 // (one allocation every grantSlab grants instead of one per grant); a
@@ -133,14 +131,11 @@ func (g *Grant) Token() uint64 { return g.held.token }
 //   - When nobody waits for the key, it is one compare-and-swap on the
 //     key's entry (see [Table], "Release by compare-and-swap"): the key is
 //     free, and Size no longer counts it, when Release returns. The shard
-//     deletes idle entries reapDepth at a time (a key taken again before
-//     then keeps its entry), or at a Sync: every reapDepth such releases,
-//     and when the shard popped this Held before Release had linked it
-//     (see [Table.ReleaseByCAS]), the releaser wakes it with a reap
-//     message (without blocking: if the mailbox is full, the next batch
-//     finds the reap due anyway, see [Table.ReapDue]). The shard may still
-//     write the Grant's list fields after Release returns, until it reaps:
-//     never copy a released Grant.
+//     deletes the free entries by a sweep when enough of them wait (a key
+//     taken again before then keeps its entry), and at a Sync: when this
+//     release makes the sweep due (see [Table.ReapDue]), it wakes the
+//     shard with a reap message, without blocking (if the mailbox is full,
+//     a batch comes next, and the shard checks after every batch).
 //   - When someone waits, the CAS fails and the release is a message on the
 //     shard's mailbox, which the shard applies by granting the oldest
 //     waiter. The send blocks only while the mailbox is full.
@@ -206,15 +201,15 @@ func newShard(g *Group) *Shard {
 	return s
 }
 
-// handle tidies the table (reaps the keys freed by CAS when reapDepth of
-// them are waiting — a key freed and taken again in between keeps its
-// entry: no map delete and insert per operation — and rebuilds the map
-// after a burst), applies one batch of messages to the table,
-// publishes the waiting counts, then delivers the replies. The table
-// counts held keys as it grants, before any reply: a caller who has its
-// reply sees a Size that includes its own effect.
+// handle applies one batch of messages to the table, tidies it (sweeps the
+// keys freed by CAS when enough of them wait — a key freed and taken again
+// in between keeps its entry: no map delete and insert per operation — and
+// rebuilds the map after a burst), publishes the waiting counts, then
+// delivers the replies. The table counts held keys as it grants, before
+// any reply: a caller who has its reply sees a Size that includes its own
+// effect. Tidying after the batch, not before, checks whatever the batch
+// itself changed (see Table.ReleaseByCAS).
 func (s *Shard) handle(batch []message) {
-	s.table.Tidy()
 	for i := range batch {
 		m := &batch[i]
 		switch m.kind {
@@ -248,12 +243,11 @@ func (s *Shard) handle(batch []message) {
 			}
 		case msgSync:
 			// After a barrier, every key freed by CAS before it is gone
-			// from the table — but those below a release still between
-			// its swap and its link (see Table.ReleaseByCAS).
+			// from the table.
 			s.table.Reap()
 			s.out = append(s.out, delivery{m.w, reply{kind: replySynced}})
 		case msgReap:
-			s.table.Reap()
+			// Tidy, after the batch, sweeps if it is still due.
 		default:
 			panic("tenace: internal error: shard message of unknown kind")
 		}
@@ -263,6 +257,7 @@ func (s *Shard) handle(batch []message) {
 			}
 		}
 	}
+	s.table.Tidy()
 	s.publish()
 	s.flush()
 	for _, key := range s.queued {

@@ -285,8 +285,8 @@ func grantOf(t *testing.T, s *Shard, key string) *Grant {
 
 // A key released by CAS and taken again before the shard reaps keeps its
 // entry (no map delete and insert per operation); reapDepth releases by
-// CAS get their entries deleted with no other message than the releaser's
-// own reap request; a Sync reaps whatever is left.
+// CAS (and nothing held) get their entries deleted with no other message
+// than the releaser's own reap request; a Sync reaps whatever is left.
 func TestShardReapsIdleEntriesReapDepthAtATime(t *testing.T) {
 	g, _ := newTestGroup(t, 1)
 	s := g.Shard(0)
@@ -302,9 +302,9 @@ func TestShardReapsIdleEntriesReapDepthAtATime(t *testing.T) {
 	require.Equal(t, 2, s.table.Entries(), "k taken again in its old entry")
 	k.Release()
 
-	// Three releases are on the list; with reapDepth-3 more, the last
-	// releaser asks for a reap.
-	for i := range reapDepth - 3 {
+	// Two entries are free (k and other); with reapDepth-2 more, the last
+	// releaser finds the sweep due and asks for it.
+	for i := range reapDepth - 2 {
 		grantOf(t, s, fmt.Sprint("burst-", i)).Release()
 	}
 	// The reap request went into the mailbox before this acquire: its

@@ -3,7 +3,6 @@ package shard
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"sync/atomic"
 )
@@ -70,27 +69,11 @@ func (w *Waiter[T]) State() State { return w.state }
 type Held[T any] struct {
 	lock  *entry[T]
 	token uint64
-	// The reclaim list's link: written once by the releasing goroutine just
-	// after it pushed the Held, read by the owner only once link says it is
-	// there (see Table.ReleaseByCAS).
-	next *Held[T]
-	link uint32 // linkPending, linkSet or linkAwaited; atomic
 	// Set by the first Grant.Release (atomic), so that a second does
 	// nothing; here rather than in Grant, where it would not fit in the
-	// padding after link.
+	// padding after token.
 	released uint32
 }
-
-// A pushed Held's link state. Each side moves it once, by one
-// compare-and-swap from linkPending (never looped on): the releaser to
-// linkSet once next is written; the owner to linkAwaited when it pops the
-// Held before that, and then waits for the releaser's reap request instead
-// of for the releaser.
-const (
-	linkPending uint32 = iota // pushed; next not written yet
-	linkSet                   // next written: the owner may follow it
-	linkAwaited               // the owner popped it first and keeps it until next is written
-)
 
 // Held returns the grant w holds, for its holder to release; valid once w is
 // Granted.
@@ -125,6 +108,7 @@ type entry[T any] struct {
 	key        string
 	head, tail *Waiter[T] // FIFO queue, oldest first
 	waiting    int
+	idx        int // where the entry is in Table.all
 }
 
 // Table is one shard's lock table: a deterministic state machine. It has no
@@ -136,9 +120,8 @@ type entry[T any] struct {
 // (in the lock manager, the shard goroutine); no mutex guards it because
 // nothing else can reach it. The one exception is [Table.ReleaseByCAS],
 // which the holder of a grant calls from its own goroutine: it touches only
-// atomics — the key's state word, the table's reclaim list and its
-// counts — and never the map or the queues. Every other method is the
-// owner's.
+// atomics — the key's state word and the table's two counts — and never
+// the map or the queues. Every other method is the owner's.
 //
 // Tokens: every request gets the next value of a table-wide counter when it
 // arrives (1, 2, 3, …). Because each key grants in arrival order, the tokens a
@@ -167,13 +150,18 @@ type entry[T any] struct {
 // of the word's modifications.
 //
 // Reclaim: a key freed by CAS is no longer held (Len drops at once) but its
-// entry is still in the map. The releaser pushes its [Held] on the table's
-// reclaim list — one swap of the list's head, then the link, with no loop
-// and no wait on either side (see [Table.ReleaseByCAS]); [Table.Reap], run
-// by the owner, pops the whole list and deletes each entry still free (it
-// stays free while the owner looks: only the owner moves it out of free).
-// The owner recycles the entry, so that a busy table does not allocate one
-// per key.
+// entry is still in the map, free. [Table.Reap], run by the owner, sweeps
+// the entries and deletes the free ones (a free word stays free while the
+// owner looks: only the owner moves it out of free); a key freed and taken
+// again before then keeps its entry, with no map delete and insert. A sweep
+// is due once at least reapDepth entries are free and at least as many are
+// free as held ([Table.ReapDue]), so it walks at most twice the entries it
+// frees: O(1) per release, amortized, and an idle table keeps fewer than
+// reapDepth free entries. The releaser whose CAS finds the sweep due (it
+// reads the owner's published entry count after its own decrement of the
+// held count) asks the owner for it; the owner checks after every batch,
+// which covers whatever it changed itself. The owner recycles entries, so
+// that a busy table does not allocate one per key.
 //
 // Happens-before: a release by CAS is an atomic write that the owner's next
 // read of the word observes before it grants the key again, and the grant
@@ -186,7 +174,8 @@ type entry[T any] struct {
 //     held(t) or contended(t), never dead. A key is held iff its entry's
 //     word is held or contended; Len counts them. A free entry has no
 //     waiters: it is waiting only for Reap. An idle table that Reap got
-//     through (nothing awaits its link) is empty.
+//     through is empty. The entry list holds exactly the map's entries,
+//     each at its own index.
 //  2. At most one holder per key (the word names one token).
 //  3. A key with waiters is contended (so its holder cannot free it by CAS);
 //     tokens strictly increase along holder, queue head, …, queue tail, and
@@ -209,16 +198,12 @@ type entry[T any] struct {
 //     what that waiter would have got had the cancel come first.
 type Table[T any] struct {
 	// Touched by releasers too (atomics only).
-	freed  atomic.Pointer[Held[T]] // reclaim list: grants released by CAS, newest first
-	_      [56]byte                // keep the list's head off the counts' line
-	held   atomic.Int64            // keys held: words held or contended
-	pushes atomic.Uint64           // grants pushed on the reclaim list, ever
+	held   atomic.Int64 // keys held: words held or contended
+	mapped atomic.Int64 // entries in the map, as the owner last published it
 
 	// Owned by the table's owner.
-	awaited []*Held[T] // popped before their releaser linked them (see linkAwaited)
-	reaped  uint64     // pushes counted when Reap last popped the list
-
 	entries map[string]*entry[T]
+	all     []*entry[T] // the map's entries, in no order: what Reap walks (iterating a Go map costs its capacity, not its length)
 	peak    int         // most entries since the map was last rebuilt
 	spare   []*entry[T] // recycled entries, all dead
 	last    uint64      // last token handed out
@@ -232,12 +217,10 @@ func NewTable[T any]() *Table[T] {
 	return &Table[T]{entries: make(map[string]*entry[T])}
 }
 
-// reapDepth: every reapDepth-th push on the reclaim list asks the owner to
-// reap (ReleaseByCAS reports it), and the owner reaps on its own when it
-// finds that many pushes since its last reap (ReapDue), so that a burst of
-// releases with no other traffic does not leave its entries in the map:
-// once every release has returned and the owner has handled its
-// messages, fewer than reapDepth freed entries per table remain.
+// reapDepth: a sweep is due once at least reapDepth entries are free and at
+// least as many are free as held (see ReapDue). An idle table keeps fewer
+// than reapDepth free entries once every release has returned and the
+// owner has handled its messages; a busy one at most as many as it holds.
 const reapDepth = 64
 
 // spareMax bounds the recycled entries a table keeps: enough for the keys a
@@ -320,8 +303,10 @@ func (t *Table[T]) grantNew(key string, w *Waiter[T]) {
 	} else {
 		e = new(entry[T])
 	}
-	e.key = key
+	e.key, e.idx = key, len(t.all)
 	t.entries[key] = e
+	t.all = append(t.all, e)
+	t.mapped.Store(int64(len(t.all)))
 	t.peak = max(t.peak, len(t.entries))
 	t.grantFree(e, w)
 }
@@ -336,74 +321,48 @@ func (t *Table[T]) grantFree(e *entry[T], w *Waiter[T]) {
 
 // ReleaseByCAS is the holder's release of h, from any goroutine, at most
 // once per grant: one compare-and-swap held(token) → free. It reports true
-// when that freed the key; then h is on the reclaim list, and reap reports
-// that the owner should be woken to reap (every reapDepth-th push, or when
-// the owner awaits h's link). It reports false when the key has waiters (or
-// the grant is stale, or the table was drained): the caller must send the
-// release to the owner, who calls [Table.ReleaseHeld] with h.
+// when that freed the key, and then reap reports that a sweep is due (see
+// ReapDue): the caller should wake the owner. It reports false when the key
+// has waiters (or the grant is stale, or the table was drained): the
+// caller must send the release to the owner, who calls
+// [Table.ReleaseHeld] with h.
 //
-// The push has no loop either: one swap makes h the list's head, then h is
-// linked to what it displaced, and one compare-and-swap of h's link state
-// says so. The owner may pop h between the two (it takes the whole list
-// with a swap); it then reaps h's entry, finds the link missing, marks h
-// awaited and keeps it, and this call, finding h awaited, asks for a reap:
-// at the owner's next reap the rest of the list is reachable again.
-// Neither side ever waits for the other. A grant is pushed once, so the
-// list has no ABA problem.
+// Why a due sweep is never missed: the count of entries it reads is the
+// owner's latest, or the owner stores a newer one later in a batch — and
+// after every batch the owner checks ReapDue itself, with a held count
+// that includes this release (the decrement came before the read). Each
+// atomic is used once, never looped on.
 func (t *Table[T]) ReleaseByCAS(h *Held[T]) (released, reap bool) {
 	if h.lock == nil || !h.lock.state.CompareAndSwap(releaseWord(h.lock, h.token), stFree) {
 		return false, false
 	}
-	t.held.Add(-1)
-	below := t.freed.Swap(h)
-	if verify {
-		// The verify build widens the gap between the swap and the link,
-		// so that its tests meet an owner that pops h before it is linked.
-		runtime.Gosched()
-	}
-	return true, t.link(h, below)
+	n := t.held.Add(-1)
+	return true, reapDue(t.mapped.Load(), n)
 }
 
-// link is the second half of h's push on the reclaim list, after the swap
-// that made h its head and returned below: it links h to below and says so,
-// and reports whether the owner should be woken to reap.
-func (t *Table[T]) link(h, below *Held[T]) (reap bool) {
-	h.next = below
-	reap = t.pushes.Add(1)%reapDepth == 0
-	if !atomic.CompareAndSwapUint32(&h.link, linkPending, linkSet) {
-		// The owner popped h before the link was written, and keeps it
-		// until it is: publish the link, and wake the owner to follow it.
-		atomic.StoreUint32(&h.link, linkSet)
-		reap = true
-	}
-	return reap
+// reapDue: at least reapDepth of mapped entries are free, and at least as
+// many are free as held.
+func reapDue(mapped, held int64) bool {
+	free := mapped - held
+	return free >= reapDepth && free >= held
 }
 
-// Reap deletes the entries of keys freed by CAS whose Held it can reach:
-// every one pushed before the call, except those below a Held whose
-// releaser has not linked it yet (kept awaited; ReapDue stays true until a
-// Reap gets past it). It also rebuilds the map when it has shrunk far below
-// its peak (see shrinkMin). The shard goroutine calls it through Tidy, when
-// a releaser asks, and before a Sync barrier; it costs one atomic load when
-// nothing was freed.
+// Reap deletes every free entry: the keys freed by CAS and not taken
+// again. It walks the entries (a sweep), so the owner calls it when it is
+// due (Tidy), and before a Sync barrier; it also rebuilds the map when it
+// has shrunk far below its peak (see shrinkMin).
 func (t *Table[T]) Reap() {
-	// Read before the pop: a push is counted after its swap, so every push
-	// counted here is in the list popped below, in an earlier one, or below
-	// an awaited Held. Rounded down to a multiple of reapDepth: the pushes
-	// that ask for a reap are the multiples, so a batch that follows a
-	// request dropped on a full mailbox finds the reap due.
-	p := t.pushes.Load()
-	t.reaped = p - p%reapDepth
-	if len(t.awaited) > 0 {
-		t.reapAwaited()
-	}
-	if t.freed.Load() != nil {
-		t.reapList(t.freed.Swap(nil))
+	// Backwards: remove moves the last entry into the hole, and the last
+	// was already looked at.
+	for i := len(t.all) - 1; i >= 0; i-- {
+		if e := t.all[i]; reclaimable(e) {
+			t.remove(e)
+		}
 	}
 	t.shrink()
 }
 
-// Tidy is the owner's housekeeping before each batch: Reap when it is due,
+// Tidy is the owner's housekeeping after each batch: Reap when it is due,
 // else only the rebuild of a map that a burst released by message has left
 // far below its peak. It costs one atomic load and a few comparisons when
 // there is nothing to do.
@@ -415,23 +374,21 @@ func (t *Table[T]) Tidy() {
 	}
 }
 
-// ReapDue reports whether the owner should reap now: a multiple of
-// reapDepth releases by CAS was crossed since the last Reap (the push that
-// crossed it also asked for a reap, which a full mailbox may have
-// dropped), or a Held still awaits its link. An owner that reaps only then
-// (and when a releaser or a barrier asks) lets a key freed and taken again
-// between two reaps keep its entry; once every release has returned and
-// the owner has handled its messages, fewer than reapDepth freed entries
-// wait in the map. It costs one atomic load.
+// ReapDue reports whether a sweep is due: at least reapDepth entries are
+// free, and at least as many are free as held. An owner that reaps only
+// then (and at a barrier) lets a key freed and taken again between two
+// sweeps keep its entry, and walks at most twice the entries a sweep
+// frees. It costs one atomic load.
 func (t *Table[T]) ReapDue() bool {
-	return len(t.awaited) > 0 || t.pushes.Load()-t.reaped >= reapDepth
+	return reapDue(int64(len(t.all)), t.held.Load())
 }
 
-// shrink rebuilds the map, and the queue-length counts, when they have
-// shrunk far below their peak (see shrinkMin).
+// shrink rebuilds the map, the entry list and the queue-length counts when
+// they have shrunk far below their peak (see shrinkMin).
 func (t *Table[T]) shrink() {
 	if t.peak >= shrinkMin && len(t.entries) <= t.peak/shrinkRatio {
 		t.entries = maps_clone(t.entries)
+		t.all = slices.Clone(t.all)
 		t.peak = len(t.entries)
 	}
 	if cap(t.byLen) > shrinkMin && t.longest < cap(t.byLen)/shrinkRatio {
@@ -439,45 +396,16 @@ func (t *Table[T]) shrink() {
 	}
 }
 
-// reapList deletes the entries of the grants on a list popped from the
-// reclaim list, as far as its links are written (see ReleaseByCAS).
-func (t *Table[T]) reapList(h *Held[T]) {
-	for h != nil {
-		// A free word stays free while the owner looks: only the owner
-		// moves it out of free. A word that is held again, or dead (the
-		// entry was reaped through an earlier grant of the same key), is
-		// left alone.
-		if e := h.lock; reclaimable(e) {
-			delete(t.entries, e.key)
-			t.recycle(e)
-		}
-		if atomic.LoadUint32(&h.link) != linkSet && atomic.CompareAndSwapUint32(&h.link, linkPending, linkAwaited) {
-			// Its releaser has not linked it yet: keep it, and go on
-			// from it when its releaser's reap request comes.
-			t.awaited = append(t.awaited, h)
-			return
-		}
-		next := h.next
-		h.next = nil // let a kept lease not hold older ones
-		h = next
-	}
-}
-
-// reapAwaited goes on along the lists whose links were missing at an
-// earlier Reap and are written now; the others stay awaited.
-func (t *Table[T]) reapAwaited() {
-	awaited := t.awaited
-	t.awaited = nil
-	for i, h := range awaited {
-		awaited[i] = nil
-		if atomic.LoadUint32(&h.link) != linkSet {
-			t.awaited = append(t.awaited, h)
-			continue
-		}
-		next := h.next
-		h.next = nil
-		t.reapList(next)
-	}
+// remove deletes e from the map and the entry list, and recycles it.
+func (t *Table[T]) remove(e *entry[T]) {
+	delete(t.entries, e.key)
+	last := len(t.all) - 1
+	moved := t.all[last]
+	t.all[e.idx], moved.idx = moved, e.idx
+	t.all[last] = nil
+	t.all = t.all[:last]
+	t.mapped.Store(int64(last))
+	t.recycle(e)
 }
 
 // maps_clone copies m into a map sized for it (maps.Clone keeps m's
@@ -539,8 +467,7 @@ func (t *Table[T]) handOn(e *entry[T], s uint64) *Waiter[T] {
 		// key is free and Reap deletes it.
 		if e.state.CompareAndSwap(s, stDead) {
 			t.held.Add(-1)
-			delete(t.entries, e.key)
-			t.recycle(e)
+			t.remove(e)
 		}
 		return nil
 	}
@@ -696,9 +623,8 @@ func (t *Table[T]) Drain() []*Waiter[T] {
 		}
 		delete(t.entries, key)
 	}
-	t.freed.Store(nil)
-	t.awaited = nil
-	t.entries, t.spare, t.byLen = make(map[string]*entry[T]), nil, nil
+	t.mapped.Store(0)
+	t.entries, t.all, t.spare, t.byLen = make(map[string]*entry[T]), nil, nil, nil
 	t.peak, t.waiting, t.longest = 0, 0, 0
 	return out
 }
@@ -769,6 +695,18 @@ func (t *Table[T]) checkInvariants(quiescent bool) error {
 		}
 		waiting += n
 		longest = max(longest, n)
+	}
+	if len(t.all) != len(t.entries) {
+		errs = append(errs, fmt.Errorf("invariant 1: %d entries listed, %d in the map", len(t.all), len(t.entries)))
+	}
+	for i, e := range t.all {
+		if e.idx != i || t.entries[e.key] != e {
+			errs = append(errs, fmt.Errorf("invariant 1: listed entry %d (key %q, index %d) is not the map's", i, e.key, e.idx))
+			break
+		}
+	}
+	if quiescent && t.mapped.Load() != int64(len(t.all)) {
+		errs = append(errs, fmt.Errorf("invariant 1: %d entries published, %d listed", t.mapped.Load(), len(t.all)))
 	}
 	if waiting != t.waiting {
 		errs = append(errs, fmt.Errorf("invariant 4: table counts %d waiters, queues hold %d", t.waiting, waiting))

@@ -176,93 +176,33 @@ func TestTableStaleCASOnARecycledEntry(t *testing.T) {
 	tb.Reap()
 	tb.Acquire("other", b)
 	require.Same(t, a.lock, b.lock, "the entry was recycled")
-	ha.next = nil
 	released, _ = tb.ReleaseByCAS(ha)
 	require.False(t, released)
 	require.Equal(t, 1, tb.Len())
 	require.NoError(t, tb.CheckInvariants())
 }
 
-func TestTableAsksForAReapEveryReapDepthPushes(t *testing.T) {
-	tb := NewTable[int]()
-	var asked []int
-	for i := range 3 * reapDepth {
-		w := &Waiter[int]{}
-		tb.Acquire(fmt.Sprint(i), w)
-		if _, reap := tb.ReleaseByCAS(heldOf(w)); reap {
-			asked = append(asked, i+1)
-		}
-		if i == reapDepth+10 {
-			tb.Reap() // a reap in between changes nothing to the count
-		}
-	}
-	require.Equal(t, []int{reapDepth, 2 * reapDepth, 3 * reapDepth}, asked)
-	tb.Reap()
-	require.Zero(t, tb.Entries())
-}
-
-// A releaser may be stopped between the two halves of its push — the swap
-// that makes its Held the list's head, and the link to what was below —
-// while the owner reaps. Neither waits for the other: the owner reaps what
-// it can reach, keeps the unlinked Held, and the releaser, finding it kept,
-// asks for the reap that frees the rest.
-func TestTableReapsAroundAPushNotYetLinked(t *testing.T) {
+// A sweep deletes the free entries wherever they are in the entry list
+// (remove moves the last entry into the hole) and keeps the held ones.
+func TestTableSweepKeepsHeldEntries(t *testing.T) {
 	tb := NewTable[int]()
 	var hs []*Held[int]
-	for i := range 4 {
+	for i := range 10 {
 		w := &Waiter[int]{}
 		tb.Acquire(fmt.Sprint(i), w)
 		hs = append(hs, heldOf(w))
 	}
-	for _, h := range hs[:2] {
-		released, _ := tb.ReleaseByCAS(h)
+	for _, i := range []int{0, 3, 4, 8, 9} {
+		released, _ := tb.ReleaseByCAS(hs[i])
 		require.True(t, released)
 	}
-	// hs[2]'s releaser: its CAS and its swap, then it stops before linking.
-	paused := hs[2]
-	require.True(t, paused.lock.state.CompareAndSwap(held(paused.token), stFree))
-	tb.held.Add(-1)
-	below := tb.freed.Swap(paused)
-	released, _ := tb.ReleaseByCAS(hs[3])
-	require.True(t, released)
-	require.Zero(t, tb.Len(), "every key is free")
-
 	tb.Reap()
-	require.Equal(t, 2, tb.Entries(), "hs[3] and the paused one reaped; the two below its missing link wait")
-	require.Equal(t, []*Held[int]{paused}, tb.awaited)
-	require.NoError(t, tb.CheckInvariants())
-	tb.Reap()
-	require.Equal(t, 2, tb.Entries(), "a reap before the link changes nothing")
-
-	require.True(t, tb.link(paused, below), "the releaser finds its Held awaited and asks for a reap")
-	tb.Reap()
-	require.Zero(t, tb.Entries(), "the rest of the list reaped")
-	require.Empty(t, tb.awaited)
-	for _, h := range hs {
-		require.Nil(t, h.next, "no kept lease holds older ones")
+	require.Equal(t, 5, tb.Entries())
+	for _, i := range []int{1, 2, 5, 6, 7} {
+		_, held := tb.Holder(fmt.Sprint(i))
+		require.True(t, held, "key %d", i)
 	}
 	require.NoError(t, tb.CheckInvariants())
-}
-
-// The link state moves once per side: a releaser that links before the
-// owner looks is followed at once and never asks for a reap of its own.
-func TestTableLinkedPushIsFollowedAtOnce(t *testing.T) {
-	tb := NewTable[int]()
-	var hs []*Held[int]
-	for i := range 3 {
-		w := &Waiter[int]{}
-		tb.Acquire(fmt.Sprint(i), w)
-		hs = append(hs, heldOf(w))
-	}
-	for _, h := range hs {
-		released, reap := tb.ReleaseByCAS(h)
-		require.True(t, released)
-		require.False(t, reap)
-		require.Equal(t, linkSet, h.link)
-	}
-	tb.Reap()
-	require.Zero(t, tb.Entries())
-	require.Empty(t, tb.awaited)
 }
 
 func TestTableRebuildsItsMapAfterABurst(t *testing.T) {
@@ -299,10 +239,9 @@ func TestTableDrainMakesEveryWordDead(t *testing.T) {
 	require.NoError(t, tb.CheckInvariants())
 }
 
-// Releasers push on the reclaim list while the owner reaps, all at once:
-// once every release has returned, one more reap leaves the table empty,
-// whatever interleaving of swaps, links and pops happened (and -race checks
-// that the owner reads each link only after its releaser wrote it).
+// Releasers release by CAS while the owner sweeps, all at once: once every
+// release has returned, one more sweep leaves the table empty, whatever the
+// interleaving (and -race checks that releasers touch only atomics).
 func TestTableReapsWhileReleasersPush(t *testing.T) {
 	const releasers, perReleaser = 4, 2000
 	tb := NewTable[int]()
@@ -335,11 +274,10 @@ func TestTableReapsWhileReleasersPush(t *testing.T) {
 			reaping = false
 		default:
 		}
-		tb.Reap() // the owner, concurrently with the pushes
+		tb.Reap() // the owner, concurrently with the releases
 	}
 	tb.Reap()
 	require.Zero(t, tb.Len())
 	require.Zero(t, tb.Entries(), "every freed entry reaped once the releases returned")
-	require.Empty(t, tb.awaited)
 	require.NoError(t, tb.CheckInvariants())
 }

@@ -2,6 +2,5 @@
 
 package shard
 
-// verify turns on the invariant check after every message applied, and
-// widens the race windows that tests must meet (see Table.ReleaseByCAS).
+// verify turns on the invariant check after every message applied.
 const verify = true
