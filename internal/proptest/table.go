@@ -178,6 +178,21 @@ func (tm *tableMachine) Reap(rt *rapid.T) {
 	require.Equal(rt, tm.m.size(), tm.t.Entries(), "after a reap, an entry per key held, no more")
 }
 
+// Tidy is the owner's after-batch housekeeping: it sweeps exactly when the
+// sweep is due (enough free entries, and as many as held), and leaves it
+// not due.
+func (tm *tableMachine) Tidy(rt *rapid.T) {
+	due := tm.t.ReapDue()
+	before := tm.t.Entries()
+	tm.t.Tidy()
+	if due {
+		require.Equal(rt, tm.m.size(), tm.t.Entries(), "a due sweep leaves an entry per key held, no more")
+	} else {
+		require.Equal(rt, before, tm.t.Entries(), "no sweep when none is due")
+	}
+	require.False(rt, tm.t.ReapDue(), "after Tidy no sweep is due")
+}
+
 func (tm *tableMachine) ReleaseStale(rt *rapid.T) {
 	if len(tm.waiters) == 0 {
 		return // nothing to do: a no-op step, not a skip (see heldKey)
@@ -275,6 +290,7 @@ func (tm *tableMachine) Actions() map[string]func(*rapid.T) {
 		"release-cas":       tm.ReleaseByCAS,
 		"release-cas-stale": tm.ReleaseByCASStale,
 		"reap":              tm.Reap,
+		"tidy":              tm.Tidy,
 		"release-stale":     tm.ReleaseStale,
 		"cancel-queued":     tm.CancelQueued,
 		"cancel-granted":    tm.CancelGranted,
