@@ -38,9 +38,9 @@ import (
 //     raced the give-up ("abort during grant", see package shard).
 //   - Tokens: leases are FencedLeases; a key's tokens strictly increase.
 //   - Size is exact once the shards have applied every queued message, and 0
-//     when idle. An idle key's entry goes at the shard's next sweep: an idle
-//     shard keeps fewer than 64 free entries, a busy one at most as many as
-//     it holds keys.
+//     when idle. An idle key's entry goes at the shard's next sweep: with no
+//     traffic a shard keeps fewer free entries than 64 or than the keys it
+//     holds, whichever is more — fewer than 64 once nothing is held.
 //
 // Locks are not reentrant: an Acquire of a key the caller already holds
 // waits for the caller itself, until its timeout, or forever without one.

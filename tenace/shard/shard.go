@@ -103,22 +103,25 @@ func (o Outcome) Grant() *Grant { return o.grant }
 // value holds nothing.
 //
 // The shard makes a Grant for each grant it sends, and never uses its
-// memory for another: a second Release of it must still find it released. So the holder can hand out a
-// *Grant as its lease, without a copy and without an allocation of its
-// own. Grants are cut from slabs of grantSlab, which the shard allocates
-// (one allocation every grantSlab grants instead of one per grant); a
-// slab's memory is freed once none of its Grants is referenced, so a Grant
-// kept long keeps its slab's few KiB.
+// memory for another: a second Release of it must still find it released.
+// So the holder can hand out a *Grant as its lease, without a copy and
+// without an allocation of its own. Grants are cut from slabs of
+// grantSlab, which the shard allocates (one allocation every grantSlab
+// grants instead of one per grant); a slab's memory is freed once none of
+// its Grants is referenced, so a Grant kept long keeps its slab (2 KiB)
+// and the entries its neighbours still point to (about 4 KiB more at
+// most; they can do nothing with them: tokens are never reused).
 type Grant struct {
 	shard *Shard
 	held  Held[chan reply]
 }
 
-// grantSlab is how many Grants the shard allocates at once (40 bytes
-// each: 2,560 bytes a slab). A lease that was an allocation of its own per
-// acquire cost about a sixth of an uncontended acquire+release (bench,
-// README: "One allocation per lease"), most of it the allocation's call,
-// the rest the collector's work for the bytes.
+// grantSlab is how many Grants the shard allocates at once (32 bytes
+// each: 2,048 bytes a slab). A lease that was an allocation of its own per
+// acquire cost about a sixth of an uncontended acquire+release
+// (bench/README.md: the miniature, and Experiments, "Grant slabs"), about
+// half of it the allocation's call, half the collector's work for the
+// bytes.
 const grantSlab = 64
 
 // Token is the grant's token: strictly increasing per key, grant after

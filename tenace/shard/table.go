@@ -155,9 +155,11 @@ type entry[T any] struct {
 // owner looks: only the owner moves it out of free); a key freed and taken
 // again before then keeps its entry, with no map delete and insert. A sweep
 // is due once at least reapDepth entries are free and at least as many are
-// free as held ([Table.ReapDue]), so it walks at most twice the entries it
-// frees: O(1) per release, amortized, and an idle table keeps fewer than
-// reapDepth free entries. The releaser whose CAS finds the sweep due (it
+// free as held ([Table.ReapDue]), so a sweep so triggered walks at most
+// twice the entries it frees (O(1) per release, amortized), and a table
+// with no traffic keeps fewer free entries than reapDepth or than the keys
+// it holds, whichever is more: fewer than reapDepth once nothing is held.
+// (A Sync's sweep walks every entry.) The releaser whose CAS finds the sweep due (it
 // reads the owner's published entry count after its own decrement of the
 // held count) asks the owner for it; the owner checks after every batch,
 // which covers whatever it changed itself. The owner recycles entries, so
@@ -218,9 +220,9 @@ func NewTable[T any]() *Table[T] {
 }
 
 // reapDepth: a sweep is due once at least reapDepth entries are free and at
-// least as many are free as held (see ReapDue). An idle table keeps fewer
-// than reapDepth free entries once every release has returned and the
-// owner has handled its messages; a busy one at most as many as it holds.
+// least as many are free as held (see ReapDue). Once every release has
+// returned and the owner has handled its messages, a table keeps fewer free
+// entries than reapDepth or than the keys it holds, whichever is more.
 const reapDepth = 64
 
 // spareMax bounds the recycled entries a table keeps: enough for the keys a
@@ -348,8 +350,8 @@ func reapDue(mapped, held int64) bool {
 }
 
 // Reap deletes every free entry: the keys freed by CAS and not taken
-// again. It walks the entries (a sweep), so the owner calls it when it is
-// due (Tidy), and before a Sync barrier; it also rebuilds the map when it
+// again. It walks every entry, held ones too (a sweep), so the owner calls
+// it when it is due (Tidy), and before a Sync barrier (a test's tool); it also rebuilds the map when it
 // has shrunk far below its peak (see shrinkMin).
 func (t *Table[T]) Reap() {
 	// Backwards: remove moves the last entry into the hole, and the last
