@@ -110,7 +110,15 @@ type Strategy interface {
 // for every step of the call; the context travels beside it, as the first
 // argument of Run, so that each step can give the inner steps a derived one.
 type Execution struct {
-	key       string
+	key string
+	env *env // the pipeline's clock and listeners; nil: the system clock, none
+}
+
+// env is what a Pipeline gives every call: built when the pipeline is, and
+// never changed after (a builder method makes a new one), so an Execution
+// carries it as one pointer — every step's Run receives the Execution and a
+// Next by value, and three words copy faster than seven.
+type env struct {
 	clock     Clock
 	listeners []func(Event)
 }
@@ -120,22 +128,25 @@ func (x Execution) Key() string { return x.key }
 
 // Clock is the call's time source; never nil.
 func (x Execution) Clock() Clock {
-	if x.clock == nil {
+	if x.env == nil || x.env.clock == nil {
 		return SystemClock()
 	}
-	return x.clock
+	return x.env.clock
 }
 
 // HasListeners reports whether the pipeline has listeners. A step checks it
 // before it reads the clock or builds an [Event] only a listener would see,
 // so that a pipeline without listeners pays nothing for its events.
-func (x Execution) HasListeners() bool { return len(x.listeners) > 0 }
+func (x Execution) HasListeners() bool { return x.env != nil && len(x.env.listeners) > 0 }
 
 // Emit reports e to the pipeline's listeners, synchronously, in the order
 // they were added. A listener's panic goes on up through the step that
 // emitted; steps that hold resources release them in a defer.
 func (x Execution) Emit(e Event) {
-	for _, l := range x.listeners {
+	if x.env == nil {
+		return
+	}
+	for _, l := range x.env.listeners {
 		l(e)
 	}
 }
@@ -163,9 +174,20 @@ func (n Next) Run(ctx context.Context) error {
 // pipeline can be shared between goroutines and extended in two directions
 // without one seeing the other's steps.
 type Pipeline struct {
-	steps     []Strategy
-	listeners []func(Event)
-	clock     Clock
+	steps []Strategy
+	env   *env // nil: the system clock, no listeners
+}
+
+// withEnv returns a copy of p's env (empty if none) changed by f, so that
+// pipelines built from p before keep theirs.
+func (p Pipeline) withEnv(f func(*env)) Pipeline {
+	e := new(env)
+	if p.env != nil {
+		*e = *p.env
+	}
+	f(e)
+	p.env = e
+	return p
 }
 
 // appendCopy returns a new slice of s followed by v; it never writes into
@@ -193,15 +215,13 @@ func (p Pipeline) OnEvent(fn func(Event)) Pipeline {
 	if fn == nil {
 		panic("tenace: OnEvent: nil listener")
 	}
-	p.listeners = appendCopy(p.listeners, fn)
-	return p
+	return p.withEnv(func(e *env) { e.listeners = appendCopy(e.listeners, fn) })
 }
 
 // WithClock returns the pipeline with c as its time source (nil: the system
 // clock).
 func (p Pipeline) WithClock(c Clock) Pipeline {
-	p.clock = c
-	return p
+	return p.withEnv(func(e *env) { e.clock = c })
 }
 
 // Len is the number of steps.
@@ -220,7 +240,7 @@ func (p Pipeline) Execute(ctx context.Context, key string, fn func(context.Conte
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	x := Execution{key: key, clock: p.clock, listeners: p.listeners}
+	x := Execution{key: key, env: p.env}
 	return Next{steps: p.steps, fn: fn, x: x}.Run(ctx)
 }
 
