@@ -10,92 +10,88 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Many goroutines acquire and release distinct and shared keys through a
-// real shard with a tiny mailbox (so reap requests get dropped). Once every
-// goroutine returned, synctest.Wait parks until the shard goroutine is
-// durably blocked on its empty mailbox: the shard is idle, and must not be
-// left with a sweep due. (From the review of the sweep.)
-func TestAnIdleShardIsNeverLeftWithASweepDue(t *testing.T) {
-	for iter := range 100 {
-		mailbox := 1 + iter%4
-		g := 2 + iter%7
+// idleRounds runs 100 rounds, each in a synctest bubble: g goroutines (2 to
+// 8) each call work(s, gi) against one real shard with a tiny mailbox (1 to
+// 4 slots, so reap requests get dropped); once they all returned,
+// synctest.Wait parks until the shard goroutine is durably blocked on its
+// empty mailbox — the shard is idle — and idle(s) checks it.
+func idleRounds(t *testing.T, work func(s *Shard, gi int), idle func(t *testing.T, s *Shard)) {
+	for round := range 100 {
 		synctest.Test(t, func(t *testing.T) {
-			grp := NewGroup(Options{Shards: 1, Mailbox: mailbox})
+			grp := NewGroup(Options{Shards: 1, Mailbox: 1 + round%4})
+			defer grp.Stop()
 			s := grp.Shard(0)
 			var wg sync.WaitGroup
-			for gi := range g {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := range 200 {
-						key := fmt.Sprint("g", gi, "k", i)
-						if i%5 == 0 {
-							key = fmt.Sprint("shared", i%3)
-						}
-						out, err := s.Acquire(context.Background(), key, Wait, nil)
-						if err != nil || !out.Granted {
-							panic("not granted")
-						}
-						out.Grant().Release()
-					}
-				}()
+			for gi := range 2 + round%7 {
+				wg.Go(func() { work(s, gi) })
 			}
 			wg.Wait()
-			synctest.Wait() // shard goroutine durably blocked: idle
-			held, mapped := s.table.held.Load(), s.table.mapped.Load()
-			require.Zero(t, held)
-			require.False(t, reapDue(mapped, held), "iter %d: idle shard stranded with %d entries, %d held", iter, mapped, held)
-			grp.Stop()
+			synctest.Wait()
+			idle(t, s)
 		})
 	}
+}
+
+// acquireOrPanic acquires key on s, from a goroutine other than the test's.
+func acquireOrPanic(s *Shard, key string) *Grant {
+	out, err := s.Acquire(context.Background(), key, Wait, nil)
+	if err != nil || !out.Granted {
+		panic("not granted")
+	}
+	return out.Grant()
+}
+
+// requireNoSweepDue checks an idle shard: no sweep is due.
+func requireNoSweepDue(t *testing.T, s *Shard) {
+	t.Helper()
+	held, mapped := s.table.held.Load(), s.table.mapped.Load()
+	require.False(t, reapDue(mapped, held), "idle shard left with %d entries, %d held", mapped, held)
+}
+
+// Goroutines acquire and release distinct and shared keys; the idle shard
+// is not left with a sweep due. (From the review of the sweep.)
+func TestAnIdleShardIsNeverLeftWithASweepDue(t *testing.T) {
+	idleRounds(t, func(s *Shard, gi int) {
+		for i := range 200 {
+			key := fmt.Sprint("g", gi, "k", i)
+			if i%5 == 0 {
+				key = fmt.Sprint("shared", i%3)
+			}
+			acquireOrPanic(s, key).Release()
+		}
+	}, func(t *testing.T, s *Shard) {
+		require.Zero(t, s.table.held.Load())
+		requireNoSweepDue(t, s)
+	})
 }
 
 // The same with some leases kept to the end, then released: neither idle
 // state is left with a sweep due, and the last leaves fewer than reapDepth
 // entries.
 func TestAnIdleShardWithKeptLeasesIsNeverLeftWithASweepDue(t *testing.T) {
-	for iter := range 100 {
-		mailbox := 1 + iter%3
-		g := 2 + iter%5
-		synctest.Test(t, func(t *testing.T) {
-			grp := NewGroup(Options{Shards: 1, Mailbox: mailbox})
-			s := grp.Shard(0)
-			var wg sync.WaitGroup
-			kept := make([][]*Grant, g)
-			for gi := range g {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := range 300 {
-						key := fmt.Sprint("g", gi, "k", i)
-						out, err := s.Acquire(context.Background(), key, Wait, nil)
-						if err != nil || !out.Granted {
-							panic("not granted")
-						}
-						if (i*7+gi)%11 == 0 {
-							kept[gi] = append(kept[gi], out.Grant())
-						} else {
-							out.Grant().Release()
-						}
-					}
-				}()
+	var mu sync.Mutex // the test's own bookkeeping, not the shard's
+	var kept []*Grant
+	idleRounds(t, func(s *Shard, gi int) {
+		for i := range 300 {
+			g := acquireOrPanic(s, fmt.Sprint("g", gi, "k", i))
+			if (i*7+gi)%11 != 0 {
+				g.Release()
+				continue
 			}
-			wg.Wait()
-			synctest.Wait()
-			held, mapped := s.table.held.Load(), s.table.mapped.Load()
-			require.False(t, reapDue(mapped, held), "iter %d: idle shard stranded: %d entries, %d held", iter, mapped, held)
-			for _, ks := range kept {
-				for _, k := range ks {
-					k.Release()
-				}
-			}
-			synctest.Wait()
-			held, mapped = s.table.held.Load(), s.table.mapped.Load()
-			require.False(t, reapDue(mapped, held), "iter %d after kept released: %d entries, %d held", iter, mapped, held)
-			require.Less(t, mapped, int64(reapDepth))
-			grp.Stop()
-		})
-	}
+			mu.Lock()
+			kept = append(kept, g)
+			mu.Unlock()
+		}
+	}, func(t *testing.T, s *Shard) {
+		requireNoSweepDue(t, s)
+		for _, g := range kept {
+			g.Release()
+		}
+		kept = nil
+		synctest.Wait()
+		requireNoSweepDue(t, s)
+		require.Less(t, s.table.mapped.Load(), int64(reapDepth))
+	})
 }
 
 // The idle bound is max(reapDepth, held) free entries, not reapDepth: with
