@@ -69,10 +69,6 @@ func (w *Waiter[T]) State() State { return w.state }
 type Held[T any] struct {
 	lock  *entry[T]
 	token uint64
-	// Set by the first Grant.Release (atomic), so that a second does
-	// nothing; here rather than in Grant, where it would not fit in the
-	// padding after token.
-	released uint32
 }
 
 // Held returns the grant w holds, for its holder to release; valid once w is
@@ -351,8 +347,9 @@ func reapDue(mapped, held int64) bool {
 
 // Reap deletes every free entry: the keys freed by CAS and not taken
 // again. It walks every entry, held ones too (a sweep), so the owner calls
-// it when it is due (Tidy), and before a Sync barrier (a test's tool); it also rebuilds the map when it
-// has shrunk far below its peak (see shrinkMin).
+// it when it is due (Tidy), and before a Sync barrier (a test's tool); it
+// also rebuilds the map when it has shrunk far below its peak (see
+// shrinkMin).
 func (t *Table[T]) Reap() {
 	// Backwards: remove moves the last entry into the hole, and the last
 	// was already looked at.
