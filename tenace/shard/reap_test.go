@@ -16,6 +16,17 @@ type owner struct {
 
 func (o owner) batch() { o.tb.Tidy() }
 
+// grantKeys acquires n new keys, prefix followed by 0 … n-1, and returns
+// their Helds.
+func grantKeys(t *testing.T, tb *Table[int], prefix string, n int) []*Held[int] {
+	t.Helper()
+	hs := make([]*Held[int], n)
+	for i := range hs {
+		hs[i] = grantKey(t, tb, fmt.Sprint(prefix, i))
+	}
+	return hs
+}
+
 // grantKey acquires key and returns its Held, on the heap as a lease keeps it.
 func grantKey(t *testing.T, tb *Table[int], key string) *Held[int] {
 	t.Helper()
@@ -30,10 +41,7 @@ func grantKey(t *testing.T, tb *Table[int], key string) *Held[int] {
 func TestReleaseByCASAsksForASweepWhenItIsDue(t *testing.T) {
 	const n = 3 * reapDepth
 	tb := NewTable[int]()
-	var hs []*Held[int]
-	for i := range n {
-		hs = append(hs, grantKey(t, tb, fmt.Sprint("k", i)))
-	}
+	hs := grantKeys(t, tb, "k", n)
 	free, sweeps := 0, 0
 	for i, h := range hs {
 		released, reap := tb.ReleaseByCAS(h)
@@ -60,10 +68,7 @@ func TestReleaseByCASAsksForASweepWhenItIsDue(t *testing.T) {
 // batch: the batch after the dropped request finds the sweep due.
 func TestADroppedReapRequestIsFoundDueByTheNextBatch(t *testing.T) {
 	tb := NewTable[int]()
-	var hs []*Held[int]
-	for i := range reapDepth {
-		hs = append(hs, grantKey(t, tb, fmt.Sprint("k", i)))
-	}
+	hs := grantKeys(t, tb, "k", reapDepth)
 	var reap bool
 	for _, h := range hs {
 		_, reap = tb.ReleaseByCAS(h)
@@ -138,10 +143,7 @@ func TestTidyRebuildsTheMapAfterABurstReleasedByMessage(t *testing.T) {
 func TestSweepsOfABurstWalkFewEntriesPerRelease(t *testing.T) {
 	const n = 100_000
 	tb := NewTable[int]()
-	hs := make([]*Held[int], n)
-	for i := range hs {
-		hs[i] = grantKey(t, tb, fmt.Sprint("k", i))
-	}
+	hs := grantKeys(t, tb, "k", n)
 	walked := 0
 	for _, h := range hs {
 		if _, reap := tb.ReleaseByCAS(h); reap {

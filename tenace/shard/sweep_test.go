@@ -99,10 +99,7 @@ func TestAnIdleShardWithKeptLeasesIsNeverLeftWithASweepDue(t *testing.T) {
 // (The review found the doc said less.)
 func TestAnIdleTableHoldingKeysKeepsFewerFreeEntriesThanItHolds(t *testing.T) {
 	tb := NewTable[int]()
-	var hs []*Held[int]
-	for i := range 200 {
-		hs = append(hs, grantKey(t, tb, fmt.Sprint("k", i)))
-	}
+	hs := grantKeys(t, tb, "k", 200)
 	for _, h := range hs[:99] {
 		_, reap := tb.ReleaseByCAS(h)
 		require.False(t, reap)

@@ -186,12 +186,7 @@ func TestTableStaleCASOnARecycledEntry(t *testing.T) {
 // (remove moves the last entry into the hole) and keeps the held ones.
 func TestTableSweepKeepsHeldEntries(t *testing.T) {
 	tb := NewTable[int]()
-	var hs []*Held[int]
-	for i := range 10 {
-		w := &Waiter[int]{}
-		tb.Acquire(fmt.Sprint(i), w)
-		hs = append(hs, heldOf(w))
-	}
+	hs := grantKeys(t, tb, "", 10)
 	for _, i := range []int{0, 3, 4, 8, 9} {
 		released, _ := tb.ReleaseByCAS(hs[i])
 		require.True(t, released)
@@ -207,12 +202,7 @@ func TestTableSweepKeepsHeldEntries(t *testing.T) {
 
 func TestTableRebuildsItsMapAfterABurst(t *testing.T) {
 	tb := NewTable[int]()
-	var hs []*Held[int]
-	for i := range 10 * shrinkMin {
-		w := &Waiter[int]{}
-		tb.Acquire(fmt.Sprint(i), w)
-		hs = append(hs, heldOf(w))
-	}
+	hs := grantKeys(t, tb, "", 10*shrinkMin)
 	require.Equal(t, 10*shrinkMin, tb.peak)
 	for _, h := range hs[:len(hs)-10] {
 		tb.ReleaseByCAS(h)
