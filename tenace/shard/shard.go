@@ -112,9 +112,8 @@ func (o Outcome) Grant() *Grant { return o.grant }
 // and the entries its neighbours still point to (about 4 KiB more at
 // most; they can do nothing with them: tokens are never reused).
 type Grant struct {
-	shard    *Shard
-	held     Held[chan reply]
-	released uint32 // set by the first Release (atomic), so that a second does nothing
+	shard *Shard
+	held  Held[chan reply]
 }
 
 // grantSlab is how many Grants the shard allocates at once (32 bytes
@@ -151,7 +150,7 @@ func (g *Grant) Token() uint64 { return g.held.token }
 // After the group stopped, it does nothing.
 func (g *Grant) Release() {
 	s := g.shard
-	if s == nil || atomic.SwapUint32(&g.released, 1) != 0 {
+	if s == nil || atomic.SwapUint32(&g.held.released, 1) != 0 {
 		return
 	}
 	released, reap := s.table.ReleaseByCAS(&g.held)

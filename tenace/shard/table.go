@@ -69,6 +69,11 @@ func (w *Waiter[T]) State() State { return w.state }
 type Held[T any] struct {
 	lock  *entry[T]
 	token uint64
+	// Set by the first Grant.Release (atomic), so that a second does
+	// nothing. It would fit in Grant as well (32 B either way), but there
+	// it measured +3.7% over four Lock cells (5 interleaved pairs; same
+	// inlining: code layout, not investigated), so it stays here.
+	released uint32
 }
 
 // Held returns the grant w holds, for its holder to release; valid once w is
