@@ -37,6 +37,8 @@ type tableMachine struct {
 	last    uint64
 }
 
+// NewTableMachine returns a machine over keys, with an empty table and model;
+// Actions lists its rapid actions, for rapid.T.Repeat.
 func NewTableMachine(keys []string) *tableMachine {
 	return &tableMachine{t: shard.NewTable[int](), m: newModel(), keys: keys, waiters: map[uint64]*shard.Waiter[int]{}, keyOf: map[uint64]string{}}
 }

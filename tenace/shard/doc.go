@@ -7,8 +7,8 @@
 //	callers (any goroutine)                    shard goroutines
 //	─────────────────────────                 ─────────────────────────────
 //	Acquire(k) ──┐  xxhash(k)·N>>64            ┌──────────────────────────┐
-//	Release(k) ──┼──────────────► mailbox ───► │ actor loop: tidy, drain  │
-//	 (waiters)   │   (buffered chan,           │ batch, apply to Table,   │
+//	Release(k) ──┼──────────────► mailbox ───► │ actor loop: drain batch, │
+//	 (waiters)   │   (buffered chan,           │ apply to Table, tidy,    │
 //	cancel(w)  ──┘    FIFO per shard)          │ publish, deliver replies │
 //	                                           └────────────┬─────────────┘
 //	waiter's reply chan (buffer 1) ◄──── grant / refused / cancelled / closed
@@ -39,7 +39,7 @@
 // clock: methods take a request and return its effects (the waiter granted
 // now). That makes every rule of the lock manager testable step by step
 // against a plain model, and the shard goroutine a thin loop: receive a
-// batch, call the table, publish the size, deliver the replies.
+// batch, call the table, tidy it, publish the size, deliver the replies.
 //
 // # Fairness
 //
