@@ -1,6 +1,10 @@
 package tenace
 
-import "context"
+import (
+	"context"
+
+	"tenace.dev/tenace/shard"
+)
 
 // WithQueuedHook exposes the test hook that reports queued acquires.
 var WithQueuedHook = withQueuedHook
@@ -8,3 +12,8 @@ var WithQueuedHook = withQueuedHook
 // SyncProvider returns once p's shards have applied every message sent
 // before the call; after it, p.Size() is exact.
 func SyncProvider(p *MemoryLockProvider) error { return p.sync(context.Background()) }
+
+// BareLeaseContext is a memory lease's Grant seen as a context without the
+// Lock having set its parent: what a caller who asserts a lease to a
+// context by hand would get.
+func BareLeaseContext() context.Context { return (*grantContext)(&shard.Grant{}) }

@@ -300,7 +300,8 @@ var _ FencedLease = (*memoryLease)(nil)
 // returns; when someone waits it is a message on the shard's mailbox, which
 // blocks only while that mailbox is full (see shard.Grant.Release). What the
 // calling goroutine does next on the key is ordered after it. A second call
-// does nothing.
+// changes nothing: the grant it names is no longer current (a release to
+// waiters' cost).
 func (l *memoryLease) Release(context.Context) error {
 	(*shard.Grant)(l).Release()
 	return nil
@@ -308,3 +309,44 @@ func (l *memoryLease) Release(context.Context) error {
 
 // Token is the grant's fencing token.
 func (l *memoryLease) Token() uint64 { return (*shard.Grant)(l).Token() }
+
+// holdingContext makes l's Grant the context its holder runs with: parent
+// plus the lease, as the Lock step's heldCtx would be, in the Grant's own
+// memory (shard.Grant.Parent) instead of an allocation of its own. The
+// Grant is never reused, so the context stays what it is for as long as
+// anyone keeps it; a Lock calls it once per grant, before anyone else can
+// see the Grant as a context.
+func (l *memoryLease) holdingContext(parent context.Context) context.Context {
+	l.Parent = parent
+	return (*grantContext)(l)
+}
+
+// grantContext is a memory lease's Grant seen as the context its holder
+// runs with (see holdingContext): its parent's, plus the lease for
+// LeaseFrom. A type of its own, so that the lease's methods and the
+// context's stay apart.
+type grantContext shard.Grant
+
+// parent is the context c adds the lease to; Background if none was set
+// (a lease asserted to a context by hand).
+func (c *grantContext) parent() context.Context {
+	if c.Parent == nil {
+		return context.Background()
+	}
+	return c.Parent
+}
+
+// Deadline, Done and Err are the parent's: the lease ends nothing.
+func (c *grantContext) Deadline() (time.Time, bool) { return c.parent().Deadline() }
+func (c *grantContext) Done() <-chan struct{}       { return c.parent().Done() }
+func (c *grantContext) Err() error                  { return c.parent().Err() }
+
+// Value is the lease for LeaseFrom, and the parent's values otherwise
+// (among them what context.WithCancel looks up to propagate cancellation
+// without a goroutine).
+func (c *grantContext) Value(key any) any {
+	if _, ok := key.(leaseKey); ok {
+		return (*memoryLease)(c)
+	}
+	return c.parent().Value(key)
+}

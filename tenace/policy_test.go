@@ -610,6 +610,68 @@ func TestLeaseFromReturnsTheNearestLocksLease(t *testing.T) {
 	}, tenace.WithKey("k")))
 }
 
+// On the memory provider the context fn runs with is the lease's own Grant
+// (no allocation): it must behave as the parent plus the lease — values,
+// deadline, cancellation and its cause, propagation to children — and stay
+// so after Execute returns, for a goroutine that kept it.
+func TestTheHoldingContextIsTheParentPlusTheLease(t *testing.T) {
+	p, _ := newProvider(t)
+	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"})
+	deadline := time.Now().Add(time.Hour)
+	parent, stop := context.WithDeadline(bgWithValue, deadline)
+	defer stop()
+	parent, cancel := context.WithCancelCause(parent)
+	cause := errors.New("the caller is done")
+	var kept []context.Context
+	var tokens []uint64
+	for range 2 {
+		require.NoError(t, pol.Execute(parent, func(ctx context.Context) error {
+			l, ok := tenace.LeaseFrom(ctx)
+			require.True(t, ok)
+			tokens = append(tokens, l.(tenace.FencedLease).Token())
+			require.Equal(t, "v", ctx.Value(ctxKey{}))
+			got, ok := ctx.Deadline()
+			require.True(t, ok)
+			require.Equal(t, deadline, got)
+			require.NoError(t, ctx.Err())
+			kept = append(kept, ctx)
+			return nil
+		}))
+	}
+	require.NotSame(t, kept[0], kept[1], "each grant is its own context")
+	require.Less(t, tokens[0], tokens[1])
+	child, stopChild := context.WithCancel(kept[0])
+	defer stopChild()
+	cancel(cause)
+	for i, ctx := range kept {
+		<-ctx.Done()
+		require.ErrorIs(t, ctx.Err(), context.Canceled)
+		require.Same(t, cause, context.Cause(ctx))
+		l, ok := tenace.LeaseFrom(ctx)
+		require.True(t, ok, "a kept context still carries its lease")
+		require.Equal(t, tokens[i], l.(tenace.FencedLease).Token())
+		require.NoError(t, l.Release(bg), "a second Release changes nothing")
+	}
+	<-child.Done()
+	require.Same(t, cause, context.Cause(child), "cancellation reaches a child of the holding context")
+	requireIdle(t, p, "k")
+}
+
+// A lease's context without a parent is Background plus the lease, and its
+// lease holds nothing: no panic for a caller who finds it by hand.
+func TestALeaseContextWithoutParentIsBackground(t *testing.T) {
+	ctx := tenace.BareLeaseContext()
+	require.Nil(t, ctx.Done())
+	require.NoError(t, ctx.Err())
+	_, ok := ctx.Deadline()
+	require.False(t, ok)
+	require.Nil(t, ctx.Value(ctxKey{}))
+	l, ok := tenace.LeaseFrom(ctx)
+	require.True(t, ok)
+	require.NoError(t, l.Release(bg), "the zero Grant holds nothing")
+	require.Zero(t, l.(tenace.FencedLease).Token())
+}
+
 type ctxKey struct{}
 
 func init() { bgWithValue = context.WithValue(context.Background(), ctxKey{}, "v") }

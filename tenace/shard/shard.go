@@ -103,17 +103,22 @@ func (o Outcome) Grant() *Grant { return o.grant }
 // value holds nothing.
 //
 // The shard makes a Grant for each grant it sends, and never uses its
-// memory for another: a second Release of it must still find it released.
-// So the holder can hand out a *Grant as its lease, without a copy and
-// without an allocation of its own. Grants are cut from slabs of
-// grantSlab, which the shard allocates (one allocation every grantSlab
-// grants instead of one per grant); a slab's memory is freed once none of
-// its Grants is referenced, so a Grant kept long keeps its slab (2 KiB)
-// and the entries its neighbours still point to (about 4 KiB more at
-// most; they can do nothing with them: tokens are never reused).
+// memory for another: a second Release of it must still name the same
+// grant. So the holder can hand out a *Grant as its lease, without a copy
+// and without an allocation of its own, and keep its own data in it
+// (Parent). Grants are cut from slabs of grantSlab, which the shard
+// allocates (one allocation every grantSlab grants instead of one per
+// grant); a slab's memory is freed once none of its Grants is referenced,
+// so a Grant kept long keeps its slab (2 KiB), the entries its neighbours
+// still point to (about 4 KiB more at most; they can do nothing with them:
+// tokens are never reused) and their Parents.
 type Grant struct {
-	shard *Shard
-	held  Held[chan reply]
+	held Held[chan reply] // the entry (and through it the shard) and the token
+	// Parent is the holder's: the shard never reads or writes it after
+	// the grant. The memory provider keeps here the context its holder
+	// runs with, so that a Lock step can hand out the Grant itself as that
+	// context, at no allocation of its own (see tenace.Lock).
+	Parent context.Context
 }
 
 // grantSlab is how many Grants the shard allocates at once (32 bytes
@@ -128,8 +133,9 @@ const grantSlab = 64
 // grant.
 func (g *Grant) Token() uint64 { return g.held.token }
 
-// Release ends the grant; a second call does nothing (an atomic flag in the
-// Grant). It never waits for the shard:
+// Release ends the grant; a second call changes nothing (it finds the
+// grant no longer current: tokens are never reused). It never waits for
+// the shard:
 //
 //   - When nobody waits for the key, it is one compare-and-swap on the
 //     key's entry (see [Table], "Release by compare-and-swap"): the key is
@@ -147,13 +153,15 @@ func (g *Grant) Token() uint64 { return g.held.token }
 // next Acquire of the key, a Sync) is applied after the release: the CAS is
 // visible to the shard's next read of the word, and the message is ahead in
 // the FIFO mailbox. The release happens before the grant it lets through.
-// After the group stopped, it does nothing.
+// After the group stopped, it does nothing. A second call costs what a
+// release to waiters costs: its CAS fails, and the shard drops its message.
 func (g *Grant) Release() {
-	s := g.shard
-	if s == nil || atomic.SwapUint32(&g.held.released, 1) != 0 {
+	t := g.held.Table()
+	if t == nil {
 		return
 	}
-	released, reap := s.table.ReleaseByCAS(&g.held)
+	released, reap := t.ReleaseByCAS(&g.held)
+	s := t.owner.(*Shard)
 	if !released {
 		// Never gives up on a context: a release that was dropped would
 		// leak the key. It blocks only while the mailbox is full. h stays
@@ -196,6 +204,7 @@ type delivery struct {
 
 func newShard(g *Group) *Shard {
 	s := &Shard{group: g, table: NewTable[chan reply]()}
+	s.table.owner = s // how a Grant finds its shard (see Grant.Release)
 	s.mb = actor.Start(s.handle, actor.Options[message]{
 		Mailbox: g.opts.Mailbox,
 		OnStop:  s.stop,
@@ -280,7 +289,7 @@ func (s *Shard) grant(w *waiter) {
 	}
 	g := &s.grants[0]
 	s.grants = s.grants[1:]
-	g.shard, g.held.lock, g.held.token = s, w.lock, w.token
+	g.held.lock, g.held.token = w.lock, w.token
 	s.out = append(s.out, delivery{w, reply{kind: replyGranted, grant: g}})
 }
 
