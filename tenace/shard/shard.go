@@ -109,11 +109,12 @@ func (o Outcome) Grant() *Grant { return o.grant }
 // (Parent). Grants are cut from slabs of grantSlab, which the shard
 // allocates (one allocation every grantSlab grants instead of one per
 // grant); a slab's memory is freed once none of its Grants is referenced,
-// so a Grant kept long keeps its slab (2 KiB), the entries its neighbours
+// so a Grant kept long keeps its slab (2.6 KiB), the entries its neighbours
 // still point to (about 4 KiB more at most; they can do nothing with them:
 // tokens are never reused) and their Parents.
 type Grant struct {
-	held Held[chan reply] // the entry (and through it the shard) and the token
+	shard *Shard
+	held  Held[chan reply]
 	// Parent is the holder's: the shard never reads or writes it after
 	// the grant. The memory provider keeps here the context its holder
 	// runs with, so that a Lock step can hand out the Grant itself as that
@@ -121,12 +122,16 @@ type Grant struct {
 	Parent context.Context
 }
 
-// grantSlab is how many Grants the shard allocates at once (32 bytes
-// each: 2,048 bytes a slab). A lease that was an allocation of its own per
-// acquire cost about a sixth of an uncontended acquire+release
-// (bench/README.md: the miniature, and Experiments, "Grant slabs"), about
-// half of it the allocation's call, half the collector's work for the
-// bytes.
+// grantSlab is how many Grants the shard allocates at once (40 bytes
+// each: a slab is 2,560 bytes, in the 2,688-byte size class). A lease that
+// was an allocation of its own per acquire cost about a sixth of an
+// uncontended acquire+release (bench/README.md: the miniature, and
+// Experiments, "Grant slabs"), about half of it the allocation's call,
+// half the collector's work for the bytes. So a Grant keeps no released
+// flag (a second Release finds its grant no longer current instead); and
+// it keeps its shard, although the entry could lead there and leave 32
+// bytes: that measured +6% on an uncontended acquire+release
+// (bench/README.md, Experiments).
 const grantSlab = 64
 
 // Token is the grant's token: strictly increasing per key, grant after
@@ -156,12 +161,11 @@ func (g *Grant) Token() uint64 { return g.held.token }
 // After the group stopped, it does nothing. A second call costs what a
 // release to waiters costs: its CAS fails, and the shard drops its message.
 func (g *Grant) Release() {
-	t := g.held.Table()
-	if t == nil {
+	s := g.shard
+	if s == nil {
 		return
 	}
-	released, reap := t.ReleaseByCAS(&g.held)
-	s := t.owner.(*Shard)
+	released, reap := s.table.ReleaseByCAS(&g.held)
 	if !released {
 		// Never gives up on a context: a release that was dropped would
 		// leak the key. It blocks only while the mailbox is full. h stays
@@ -204,7 +208,6 @@ type delivery struct {
 
 func newShard(g *Group) *Shard {
 	s := &Shard{group: g, table: NewTable[chan reply]()}
-	s.table.owner = s // how a Grant finds its shard (see Grant.Release)
 	s.mb = actor.Start(s.handle, actor.Options[message]{
 		Mailbox: g.opts.Mailbox,
 		OnStop:  s.stop,
@@ -289,7 +292,7 @@ func (s *Shard) grant(w *waiter) {
 	}
 	g := &s.grants[0]
 	s.grants = s.grants[1:]
-	g.held.lock, g.held.token = w.lock, w.token
+	g.shard, g.held.lock, g.held.token = s, w.lock, w.token
 	s.out = append(s.out, delivery{w, reply{kind: replyGranted, grant: g}})
 }
 

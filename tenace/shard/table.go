@@ -71,16 +71,6 @@ type Held[T any] struct {
 	token uint64
 }
 
-// Table is the table h's grant is in; nil for the zero Held. Any goroutine
-// may call it: an entry's table is set when the entry is made and never
-// changes (a recycled entry stays in its table).
-func (h *Held[T]) Table() *Table[T] {
-	if h.lock == nil {
-		return nil
-	}
-	return h.lock.table
-}
-
 // Held returns the grant w holds, for its holder to release; valid once w is
 // Granted.
 func (w *Waiter[T]) Held() Held[T] { return Held[T]{lock: w.lock, token: w.token} }
@@ -111,7 +101,6 @@ func isContended(s uint64) bool     { return s&1 == 1 && s != stDead }
 // Everything but state is owned by the table's owner.
 type entry[T any] struct {
 	state      atomic.Uint64
-	table      *Table[T] // set when made, never changed: recycled entries stay in their table
 	key        string
 	head, tail *Waiter[T] // FIFO queue, oldest first
 	waiting    int
@@ -128,9 +117,7 @@ type entry[T any] struct {
 // nothing else can reach it. The one exception is [Table.ReleaseByCAS],
 // which the holder of a grant calls from its own goroutine: it touches only
 // atomics — the key's state word and the table's two counts — and never
-// the map or the queues ([Held.Table] reads what never changes once a grant
-// exists: an entry's table and the table's owner). Every other method is
-// the owner's.
+// the map or the queues. Every other method is the owner's.
 //
 // Tokens: every request gets the next value of a table-wide counter when it
 // arrives (1, 2, 3, …). Because each key grants in arrival order, the tokens a
@@ -186,8 +173,7 @@ type entry[T any] struct {
 //     word is held or contended; Len counts them. A free entry has no
 //     waiters: it is waiting only for Reap. An idle table that Reap got
 //     through is empty. The entry list holds exactly the map's entries,
-//     each at its own index, and each entry names this table (a holder
-//     finds the table, and its owner, through it).
+//     each at its own index.
 //  2. At most one holder per key (the word names one token).
 //  3. A key with waiters is contended (so its holder cannot free it by CAS);
 //     tokens strictly increase along holder, queue head, …, queue tail, and
@@ -212,10 +198,6 @@ type Table[T any] struct {
 	// Touched by releasers too (atomics only).
 	held   atomic.Int64 // keys held: words held or contended
 	mapped atomic.Int64 // entries in the map, as the owner last published it
-
-	// Set by the owner before anyone holds a grant, then only read: what a
-	// holder finds through Held.Table (the shard keeps itself here).
-	owner any
 
 	// Owned by the table's owner.
 	entries map[string]*entry[T]
@@ -317,7 +299,7 @@ func (t *Table[T]) grantNew(key string, w *Waiter[T]) {
 		e, t.spare[n-1] = t.spare[n-1], nil
 		t.spare = t.spare[:n-1]
 	} else {
-		e = &entry[T]{table: t}
+		e = new(entry[T])
 	}
 	e.key, e.idx = key, len(t.all)
 	t.entries[key] = e
@@ -662,9 +644,6 @@ func (t *Table[T]) checkInvariants(quiescent bool) error {
 		s := e.state.Load()
 		if e.key != key {
 			errs = append(errs, fmt.Errorf("invariant 1: key %q has the entry of %q", key, e.key))
-		}
-		if e.table != t {
-			errs = append(errs, fmt.Errorf("invariant 1: key %q has another table's entry", key))
 		}
 		if s == stDead {
 			errs = append(errs, fmt.Errorf("invariant 1: key %q has a dead entry", key))
