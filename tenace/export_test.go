@@ -14,6 +14,5 @@ var WithQueuedHook = withQueuedHook
 func SyncProvider(p *MemoryLockProvider) error { return p.sync(context.Background()) }
 
 // BareLeaseContext is a memory lease's Grant seen as a context without the
-// Lock having set its parent: what a caller who asserts a lease to a
-// context by hand would get.
+// Lock having set its parent (which a Lock never hands out).
 func BareLeaseContext() context.Context { return (*grantContext)(&shard.Grant{}) }

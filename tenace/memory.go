@@ -328,7 +328,7 @@ func (l *memoryLease) holdingContext(parent context.Context) context.Context {
 type grantContext shard.Grant
 
 // parent is the context c adds the lease to; Background if none was set
-// (a lease asserted to a context by hand).
+// (defensive: a Lock sets it before it hands c out).
 func (c *grantContext) parent() context.Context {
 	if c.Parent == nil {
 		return context.Background()

@@ -658,7 +658,7 @@ func TestTheHoldingContextIsTheParentPlusTheLease(t *testing.T) {
 }
 
 // A lease's context without a parent is Background plus the lease, and its
-// lease holds nothing: no panic for a caller who finds it by hand.
+// lease holds nothing: the fallback never panics.
 func TestALeaseContextWithoutParentIsBackground(t *testing.T) {
 	ctx := tenace.BareLeaseContext()
 	require.Nil(t, ctx.Done())
