@@ -19,7 +19,7 @@ import (
 // TestUncontendedAcquireReleaseAllocatesNoLease pins the allocation budget
 // of an Acquire+Release through the interface: no allocation of its own. The
 // lease is the shard's Grant, which must not be pooled (a second Release of
-// it must still find it released), and the shard cuts Grants from slabs of
+// it must still name the same grant), and the shard cuts Grants from slabs of
 // 64: one allocation every 64 acquires, and nothing else.
 func TestUncontendedAcquireReleaseAllocatesNoLease(t *testing.T) {
 	const slab = 64 // shard.grantSlab
@@ -41,21 +41,17 @@ func TestUncontendedAcquireReleaseAllocatesNoLease(t *testing.T) {
 	require.Equal(t, 1.0, allocs, "with a timeout too: timers are pooled")
 }
 
-// TestExecuteOfALockOnlyPolicyAllocatesNoContext pins the pipeline's
-// budget: an Execute of a lock-only policy on the memory provider allocates
-// nothing of its own. The context fn runs with is the lease's Grant itself
-// (memoryLease.holdingContext), so all that is left is the Grants' slab: one
-// allocation every 64 Executes.
-func TestExecuteOfALockOnlyPolicyAllocatesNoContext(t *testing.T) {
-	const slab = 64 // shard.grantSlab
+// TestExecuteOfALockOnlyPolicyAllocatesOnce pins the pipeline's budget: one
+// allocation per Execute of a lock-only policy on the memory provider (the
+// context that carries the lease; the lease itself is cut from a slab, see
+// TestUncontendedAcquireReleaseAllocatesNoLease).
+func TestExecuteOfALockOnlyPolicyAllocatesOnce(t *testing.T) {
 	p, _ := newProvider(t)
 	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p})
-	allocs := testing.AllocsPerRun(200, func() {
-		for range slab {
-			_ = pol.Execute(bg, noop, tenace.WithKey("k"))
-		}
+	allocs := testing.AllocsPerRun(1000, func() {
+		_ = pol.Execute(bg, noop, tenace.WithKey("k"))
 	})
-	require.Equal(t, 1.0, allocs, "one slab per 64 Executes")
+	require.LessOrEqual(t, allocs, 1.0)
 }
 
 // TestEventsAllocateNothing pins the cost of events: a listener, even the
@@ -68,11 +64,9 @@ func TestEventsAllocateNothing(t *testing.T) {
 		"slog":       lock.OnEvent(tenace.LogEvents(slog.New(slog.DiscardHandler))),
 		"slog, text": lock.OnEvent(tenace.LogEvents(slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelDebug})))),
 	} {
-		allocs := testing.AllocsPerRun(200, func() {
-			for range 64 { // a slab of Grants (shard.grantSlab)
-				_ = pol.Execute(bg, noop, tenace.WithKey("k"))
-			}
+		allocs := testing.AllocsPerRun(1000, func() {
+			_ = pol.Execute(bg, noop, tenace.WithKey("k"))
 		})
-		require.Equal(t, 1.0, allocs, name)
+		require.LessOrEqual(t, allocs, 1.0, name)
 	}
 }

@@ -100,8 +100,8 @@ func LeaseFrom(ctx context.Context) (LockLease, bool) {
 
 // heldCtx is the context the inner steps run with while a Lock holds its
 // lease: the parent context plus the lease, in one allocation, made once the
-// lease is granted — unless the lease can be that context itself
-// (contextLease).
+// lease is granted. With a MemoryLockProvider, whose leases cost no
+// allocation of their own, a lock step costs that one allocation.
 type heldCtx struct {
 	context.Context
 	lease LockLease
@@ -112,21 +112,6 @@ func (c *heldCtx) Value(key any) any {
 		return c.lease
 	}
 	return c.Context.Value(key)
-}
-
-// contextLease is a lease that can be the context its holder runs with, in
-// its own memory: the memory provider's, whose Grant has room for the parent
-// (see memoryLease.holdingContext), so that a Lock on it allocates nothing.
-type contextLease interface {
-	holdingContext(parent context.Context) context.Context
-}
-
-// holding returns the context the inner steps run with while lease is held.
-func holding(ctx context.Context, lease LockLease) context.Context {
-	if l, ok := lease.(contextLease); ok {
-		return l.holdingContext(ctx)
-	}
-	return &heldCtx{Context: ctx, lease: lease}
 }
 
 func (l *Lock) validate() error {
@@ -167,7 +152,11 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 		start = opts.Clock.Now()
 		x.Emit(Event{Name: EventLockAcquiring, Key: key, Context: ctx})
 	}
+	var held *heldCtx
 	lease, err := provider.Acquire(ctx, key, opts)
+	if lease != nil {
+		held = &heldCtx{Context: ctx, lease: lease}
+	}
 	if err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
 			if observed {
@@ -180,7 +169,7 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 		}
 		return &UnexpectedError{Err: err}
 	}
-	if lease == nil {
+	if held == nil || held.lease == nil {
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			if observed {
 				emitWaitEnd(ctx, x, EventLockCancelled, key, start, ctxErr)
@@ -196,7 +185,7 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	if err := ctx.Err(); err != nil {
 		// The grant landed as the context ended: the call was still waiting
 		// when it was cancelled, so fn must not run, and the grant goes back.
-		_ = lease.Release(context.WithoutCancel(ctx))
+		_ = held.lease.Release(context.WithoutCancel(ctx))
 		if observed {
 			emitWaitEnd(ctx, x, EventLockCancelled, key, start, err)
 		}
@@ -208,12 +197,11 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	}
 	// Released in a defer, so that a panic in fn, in an inner step or in a
 	// listener of the acquired event does not leak the lock.
-	defer release(ctx, x, key, lease, granted)
+	defer release(ctx, x, key, held.lease, granted)
 	if observed {
-		x.Emit(Event{Name: EventLockAcquired, Key: key, Context: ctx, Wait: granted.Sub(start), Token: tokenOf(lease)})
+		x.Emit(Event{Name: EventLockAcquired, Key: key, Context: ctx, Wait: granted.Sub(start), Token: tokenOf(held.lease)})
 	}
-	held := holding(ctx, lease)
-	if l, ok := lease.(LosableLease); ok {
+	if l, ok := held.lease.(LosableLease); ok {
 		return runWatched(ctx, held, x, key, l, granted, next)
 	}
 	return next.Run(held)

@@ -610,10 +610,9 @@ func TestLeaseFromReturnsTheNearestLocksLease(t *testing.T) {
 	}, tenace.WithKey("k")))
 }
 
-// On the memory provider the context fn runs with is the lease's own Grant
-// (no allocation): it must behave as the parent plus the lease — values,
-// deadline, cancellation and its cause, propagation to children — and stay
-// so after Execute returns, for a goroutine that kept it.
+// The context fn runs with must behave as the parent plus the lease —
+// values, deadline, cancellation and its cause, propagation to children —
+// and stay so after Execute returns, for a goroutine that kept it.
 func TestTheHoldingContextIsTheParentPlusTheLease(t *testing.T) {
 	p, _ := newProvider(t)
 	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"})
@@ -655,21 +654,6 @@ func TestTheHoldingContextIsTheParentPlusTheLease(t *testing.T) {
 	<-child.Done()
 	require.Same(t, cause, context.Cause(child), "cancellation reaches a child of the holding context")
 	requireIdle(t, p, "k")
-}
-
-// A lease's context without a parent is Background plus the lease, and its
-// lease holds nothing: the fallback never panics.
-func TestALeaseContextWithoutParentIsBackground(t *testing.T) {
-	ctx := tenace.BareLeaseContext()
-	require.Nil(t, ctx.Done())
-	require.NoError(t, ctx.Err())
-	_, ok := ctx.Deadline()
-	require.False(t, ok)
-	require.Nil(t, ctx.Value(ctxKey{}))
-	l, ok := tenace.LeaseFrom(ctx)
-	require.True(t, ok)
-	require.NoError(t, l.Release(bg), "the zero Grant holds nothing")
-	require.Zero(t, l.(tenace.FencedLease).Token())
 }
 
 type ctxKey struct{}

@@ -105,33 +105,26 @@ func (o Outcome) Grant() *Grant { return o.grant }
 // The shard makes a Grant for each grant it sends, and never uses its
 // memory for another: a second Release of it must still name the same
 // grant. So the holder can hand out a *Grant as its lease, without a copy
-// and without an allocation of its own, and keep its own data in it
-// (Parent). Grants are cut from slabs of grantSlab, which the shard
-// allocates (one allocation every grantSlab grants instead of one per
-// grant); a slab's memory is freed once none of its Grants is referenced,
-// so a Grant kept long keeps its slab (2.6 KiB), the entries its neighbours
-// still point to (about 4 KiB more at most; they can do nothing with them:
-// tokens are never reused) and their Parents.
+// and without an allocation of its own. Grants are cut from slabs of
+// grantSlab, which the shard allocates (one allocation every grantSlab
+// grants instead of one per grant); a slab's memory is freed once none of
+// its Grants is referenced, so a Grant kept long keeps its slab (1.5 KiB)
+// and the entries its neighbours still point to (about 4 KiB more at
+// most; they can do nothing with them: tokens are never reused). A Grant
+// holds nothing of its holder's: the shard keeps its current slab
+// reachable, and whatever a Grant referenced would stay alive with it.
 type Grant struct {
 	shard *Shard
 	held  Held[chan reply]
-	// Parent is the holder's: the shard never reads or writes it after
-	// the grant. The memory provider keeps here the context its holder
-	// runs with, so that a Lock step can hand out the Grant itself as that
-	// context, at no allocation of its own (see tenace.Lock).
-	Parent context.Context
 }
 
-// grantSlab is how many Grants the shard allocates at once (40 bytes
-// each: a slab is 2,560 bytes, in the 2,688-byte size class). A lease that
-// was an allocation of its own per acquire cost about a sixth of an
-// uncontended acquire+release (bench/README.md: the miniature, and
-// Experiments, "Grant slabs"), about half of it the allocation's call,
-// half the collector's work for the bytes. So a Grant keeps no released
-// flag (a second Release finds its grant no longer current instead); and
-// it keeps its shard, although the entry could lead there and leave 32
-// bytes: that measured +6% on an uncontended acquire+release
-// (bench/README.md, Experiments).
+// grantSlab is how many Grants the shard allocates at once (24 bytes
+// each: 1,536 bytes a slab). A lease that was an allocation of its own per
+// acquire cost about a sixth of an uncontended acquire+release
+// (bench/README.md: the miniature, and Experiments, "Grant slabs"), about
+// half of it the allocation's call, half the collector's work for the
+// bytes; so a Grant keeps no released flag either: a second Release finds
+// its grant no longer current instead.
 const grantSlab = 64
 
 // Token is the grant's token: strictly increasing per key, grant after

@@ -317,9 +317,10 @@ func (t *Table[T]) grantFree(e *entry[T], w *Waiter[T]) {
 	w.state, w.lock = Granted, e
 }
 
-// ReleaseByCAS is the holder's release of h, from any goroutine, at most
-// once per grant: one compare-and-swap held(token) → free. It reports true
-// when that freed the key, and then reap reports that a sweep is due (see
+// ReleaseByCAS is the holder's release of h, from any goroutine: one
+// compare-and-swap held(token) → free (a second try of the same grant
+// fails: tokens are never reused). It reports true when that freed the
+// key, and then reap reports that a sweep is due (see
 // ReapDue): the caller should wake the owner. It reports false when the key
 // has waiters (or the grant is stale, or the table was drained): the
 // caller must send the release to the owner, who calls
