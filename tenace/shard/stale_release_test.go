@@ -112,13 +112,7 @@ func TestStaleAndDoubleReleasesChangeNothing(t *testing.T) {
 	require.NoError(t, g.Sync(context.Background()))
 	require.Zero(t, g.Size())
 	// Hold some keys, stop, then release everything (stale and current) twice.
-	var held []*Grant
-	for k := range 10 {
-		key := fmt.Sprint("k", k)
-		out, err := g.For(key).Acquire(context.Background(), key, Wait, nil)
-		require.NoError(t, err)
-		held = append(held, out.Grant())
-	}
+	held := holdKeys(t, g, 10)
 	require.Equal(t, 10, g.Size())
 	g.Stop()
 	require.Zero(t, g.Size(), "drain uncounts the held keys")
@@ -134,13 +128,7 @@ func TestStaleAndDoubleReleasesChangeNothing(t *testing.T) {
 func TestDoubleReleasesRacingStopChangeNothing(t *testing.T) {
 	for range 200 {
 		g := NewGroup(Options{Shards: 1})
-		var grants []*Grant
-		for k := range 20 {
-			key := fmt.Sprint("k", k)
-			out, err := g.For(key).Acquire(context.Background(), key, Wait, nil)
-			require.NoError(t, err)
-			grants = append(grants, out.Grant())
-		}
+		grants := holdKeys(t, g, 20)
 		var wg sync.WaitGroup
 		for _, gr := range grants {
 			wg.Add(2)
@@ -151,4 +139,17 @@ func TestDoubleReleasesRacingStopChangeNothing(t *testing.T) {
 		wg.Wait()
 		require.Zero(t, g.Size())
 	}
+}
+
+// holdKeys acquires keys k0 … k(n-1) on g and returns their Grants.
+func holdKeys(t *testing.T, g *Group, n int) []*Grant {
+	t.Helper()
+	var held []*Grant
+	for k := range n {
+		key := fmt.Sprint("k", k)
+		out, err := g.For(key).Acquire(context.Background(), key, Wait, nil)
+		require.NoError(t, err)
+		held = append(held, out.Grant())
+	}
+	return held
 }
