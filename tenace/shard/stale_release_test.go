@@ -147,9 +147,7 @@ func holdKeys(t *testing.T, g *Group, n int) []*Grant {
 	var held []*Grant
 	for k := range n {
 		key := fmt.Sprint("k", k)
-		out, err := g.For(key).Acquire(context.Background(), key, Wait, nil)
-		require.NoError(t, err)
-		held = append(held, out.Grant())
+		held = append(held, grantOf(t, g.For(key), key))
 	}
 	return held
 }
