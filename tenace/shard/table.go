@@ -155,11 +155,11 @@ type entry[T any] struct {
 // twice the entries it frees (O(1) per release, amortized), and a table
 // with no traffic keeps fewer free entries than reapDepth or than the keys
 // it holds, whichever is more: fewer than reapDepth once nothing is held.
-// (A Sync's sweep walks every entry.) The releaser whose CAS finds the sweep due (it
-// reads the owner's published entry count after its own decrement of the
-// held count) asks the owner for it; the owner checks after every batch,
-// which covers whatever it changed itself. The owner recycles entries, so
-// that a busy table does not allocate one per key.
+// (A Sync's sweep walks every entry.) The releaser whose CAS finds the
+// sweep due (it reads the owner's published entry count after its own
+// decrement of the held count) asks the owner for it; the owner checks
+// after every batch, which covers whatever it changed itself. The owner
+// recycles entries, so that a busy table does not allocate one per key.
 //
 // Happens-before: a release by CAS is an atomic write that the owner's next
 // read of the word observes before it grants the key again, and the grant
@@ -320,11 +320,10 @@ func (t *Table[T]) grantFree(e *entry[T], w *Waiter[T]) {
 // ReleaseByCAS is the holder's release of h, from any goroutine: one
 // compare-and-swap held(token) → free (a second try of the same grant
 // fails: tokens are never reused). It reports true when that freed the
-// key, and then reap reports that a sweep is due (see
-// ReapDue): the caller should wake the owner. It reports false when the key
-// has waiters (or the grant is stale, or the table was drained): the
-// caller must send the release to the owner, who calls
-// [Table.ReleaseHeld] with h.
+// key, and then reap reports that a sweep is due (see ReapDue): the caller
+// should wake the owner. It reports false when the key has waiters (or the
+// grant is stale, or the table was drained): the caller must send the
+// release to the owner, who calls [Table.ReleaseHeld] with h.
 //
 // Why a due sweep is never missed: the count of entries it reads is the
 // owner's latest, or the owner stores a newer one later in a batch — and
