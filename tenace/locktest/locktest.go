@@ -380,11 +380,18 @@ func (s *suite) releaseRetryable(t *testing.T) {
 	mustRelease(t, next)
 }
 
+// intrusionWindow is how long mutualExclusion's first holder keeps the key
+// once every worker has asked for it: a provider that lets a second holder
+// in does so within microseconds; a correct one makes the test wait this
+// long, once.
+const intrusionWindow = 20 * time.Millisecond
+
 func (s *suite) mutualExclusion(t *testing.T) {
 	p := s.newProvider(t)
 	key := s.key(t)
 	const workers, rounds = 8, 25
-	var inside, counter atomic.Int64
+	var inside, counter, asking atomic.Int64
+	var first atomic.Bool
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	ctx := s.ctx(t)
@@ -393,6 +400,7 @@ func (s *suite) mutualExclusion(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range rounds {
+				asking.Add(1)
 				l, err := p.Acquire(ctx, key, tenace.LockAcquireOptions{})
 				if err != nil || l == nil {
 					errs <- fmt.Errorf("acquire = (%v, %v)", l, err)
@@ -402,6 +410,20 @@ func (s *suite) mutualExclusion(t *testing.T) {
 					errs <- fmt.Errorf("%d holders at once", n)
 					_ = l.Release(context.Background())
 					return // one error per worker: errs never fills
+				}
+				if first.CompareAndSwap(false, true) {
+					// The first holder keeps the key while every other
+					// worker asks for it, so that a second holder, if the
+					// provider lets one in, is inside at the same time
+					// whatever the scheduler does (the rounds below only
+					// make an overlap likely). Polled: the only sign of a
+					// correct provider here is that nothing happens.
+					for deadline := time.Now().Add(s.caps.WaitBound); asking.Load() < workers && time.Now().Before(deadline); {
+						time.Sleep(100 * time.Microsecond)
+					}
+					for deadline := time.Now().Add(intrusionWindow); inside.Load() == 1 && time.Now().Before(deadline); {
+						time.Sleep(100 * time.Microsecond)
+					}
 				}
 				// A read-modify-write with a yield inside: without
 				// exclusion, updates are lost. (Atomics, so that the race
