@@ -97,6 +97,37 @@ func BenchmarkLock(b *testing.B) {
 	}
 }
 
+// BenchmarkBusy is BenchmarkBusy/<impl>/<scenario>/busy=<N>: 16 goroutines
+// locking beside N goroutines that burn CPU (burnCPU), which BenchmarkLock
+// never has: there every goroutine blocks. It shows what the process's
+// other work costs each lock (bench/README.md, "Beside CPU-bound work"),
+// and it is where a lock manager that yields its P or spins would show a
+// jump that the Lock cells do not (Experiments: the shard that yielded
+// before it parked went from 628 to 5,402 ns/op beside 2 of them). ns/op is
+// wall time over the lockers' ops.
+func BenchmarkBusy(b *testing.B) {
+	for _, name := range []string{"tenace", "semaphore"} {
+		b.Run(name, func(b *testing.B) {
+			for _, sc := range []string{"distinct", "zipf"} {
+				b.Run(sc, func(b *testing.B) {
+					for _, busy := range []int{0, 2, 8} {
+						b.Run(fmt.Sprintf("busy=%d", busy), func(b *testing.B) {
+							l, _ := makeLocker(name, 0)
+							defer l.Close()
+							ws := newWorkers(sc, 16, 0)
+							stop := burnCPU(busy)
+							defer stop()
+							b.ReportAllocs()
+							b.ResetTimer()
+							runFixed(l, ws, b.N)
+						})
+					}
+				})
+			}
+		})
+	}
+}
+
 const waiters = 100_000
 
 // BenchmarkWaiters measures the heap each goroutine waiting on a held key

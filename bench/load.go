@@ -18,6 +18,7 @@ type cell struct {
 	Goroutines int           `json:"goroutines"`
 	Keys       int           `json:"keys,omitempty"`
 	Hold       time.Duration `json:"hold_ns"`
+	Busy       int           `json:"busy,omitempty"` // goroutines burning CPU beside the lockers
 	Shards     int           `json:"shards,omitempty"`
 	Redis      string        `json:"redis,omitempty"`    // the server, for the Redis implementations
 	Postgres   string        `json:"postgres,omitempty"` // the connection string, for the PostgreSQL implementations
@@ -51,6 +52,28 @@ func holdFor(d time.Duration) {
 		return
 	}
 	for t0 := time.Now(); time.Since(t0) < d; {
+	}
+}
+
+// burnCPU starts n goroutines that spin on CPU, never blocking, until the
+// returned function is called; it returns once they have all ended. They
+// stand for the rest of a process's work: a lock manager that yields its P
+// or spins is slowed, or starves, beside them where one that parks is not
+// (bench/README.md, Experiments: the shard that yields before it parks).
+func burnCPU(n int) (stop func()) {
+	var (
+		quit atomic.Bool
+		wg   sync.WaitGroup
+	)
+	for range n {
+		wg.Go(func() {
+			for !quit.Load() { // an atomic load per turn: the loop stays
+			}
+		})
+	}
+	return func() {
+		quit.Store(true)
+		wg.Wait()
 	}
 }
 
@@ -132,6 +155,8 @@ func runCell(c cell, progress io.Writer, label string) (result, error) {
 			ops.Add(n)
 		}()
 	}
+	stopBusy := burnCPU(c.Busy)
+	defer stopBusy()
 	ready.Wait()
 	began := time.Now()
 	close(start)

@@ -8,6 +8,7 @@
 //	go run ./bench -provider redis -redis localhost:6379   # the distributed locks
 //	go run ./bench -provider postgres -postgres 'host=localhost user=postgres'
 //	go run ./bench -otel           # the pipeline with and without the OpenTelemetry listener, and its metrics
+//	go run ./bench -busy 2         # every cell beside 2 goroutines that burn CPU (a scheduling check)
 //
 // The Go benchmarks of the same implementations are in bench_test.go:
 // go test ./bench -bench . -benchmem.
@@ -40,6 +41,7 @@ type config struct {
 	goroutines []int
 	keys       int
 	hold       time.Duration
+	busy       int
 	duration   time.Duration
 	shards     int
 	out        string
@@ -60,6 +62,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	gs := fs.String("goroutines", "1,16,256", "goroutine counts, comma-separated")
 	keys := fs.Int("keys", 0, "keys per goroutine for distinct (default 16), keys in all for zipf (default 10000)")
 	hold := fs.Duration("hold", 0, "time spent inside the critical section")
+	busy := fs.Int("busy", 0, "goroutines that burn CPU beside the lockers throughout every cell: what a lock that yields its P or spins costs when the process has other work")
 	duration := fs.Duration("duration", 1500*time.Millisecond, "how long each cell runs")
 	shards := fs.Int("shards", 0, "shards of the tenace provider (0: its default, GOMAXPROCS)")
 	out := fs.String("out", "", "directory to write results.md, results.json, chart.svg and chart.png into")
@@ -84,7 +87,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	if fs.NArg() > 0 {
 		return bad("unexpected argument %q: every setting is a flag", fs.Arg(0))
 	}
-	c := config{keys: *keys, hold: *hold, duration: *duration, shards: *shards, out: *out, quiet: *quiet}
+	c := config{keys: *keys, hold: *hold, busy: *busy, duration: *duration, shards: *shards, out: *out, quiet: *quiet}
 	switch *provider {
 	case "memory":
 		if *redisAddr != "" {
@@ -177,6 +180,8 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		return bad("-keys 1 leaves zipf nothing to draw from: use hot for a single key")
 	case c.hold < 0:
 		return bad("-hold must not be negative, got %v", c.hold)
+	case c.busy < 0:
+		return bad("-busy must not be negative, got %d", c.busy)
 	case c.duration <= 0:
 		return bad("-duration must be positive, got %v", c.duration)
 	case c.shards < 0:
@@ -220,11 +225,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 						continue // takes no context: nothing to cancel
 					}
 				}
-				cells = append(cells, cell{Impl: impl, Scenario: sc, Goroutines: g, Keys: c.keys, Hold: c.hold, Shards: c.shards, Duration: c.duration, Redis: c.redis, Postgres: c.postgres})
+				cells = append(cells, cell{Impl: impl, Scenario: sc, Goroutines: g, Keys: c.keys, Hold: c.hold, Busy: c.busy, Shards: c.shards, Duration: c.duration, Redis: c.redis, Postgres: c.postgres})
 			}
 		}
 	}
-	fmt.Fprintf(stdout, "tenace load tool — %s; %d cells of %v, hold %v\n\n", machine(), len(cells), c.duration, c.hold)
+	busyNote := ""
+	if c.busy > 0 {
+		busyNote = fmt.Sprintf(", beside %d goroutines burning CPU", c.busy)
+	}
+	fmt.Fprintf(stdout, "tenace load tool — %s; %d cells of %v, hold %v%s\n\n", machine(), len(cells), c.duration, c.hold, busyNote)
 	printHeader(stdout)
 	var progress io.Writer
 	if !c.quiet {

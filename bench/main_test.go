@@ -23,6 +23,7 @@ func TestBadFlagsGetAMessageTheUsageAndExitCode2(t *testing.T) {
 		{"-hold", "-1ms"},
 		{"-shards", "-2"},
 		{"-keys", "-1"},
+		{"-busy", "-1"},
 		{"-nosuchflag"},
 		{"stray"},
 	} {
@@ -50,6 +51,16 @@ func TestEveryCellRunsAndKeepsMutualExclusion(t *testing.T) {
 			require.Positive(t, r.P50)
 		}
 	}
+}
+
+// -busy runs every cell beside goroutines that burn CPU, says so in the
+// table's title, and stops them after the cell (TestMain's goleak would
+// find one left running).
+func TestBusyRunsBesideTheCellsAndStops(t *testing.T) {
+	out, _ := runCapture(t, []string{"-impl", "tenace", "-scenario", "distinct", "-goroutines", "4", "-duration", "30ms", "-quiet", "-busy", "2"})
+	require.Equal(t, 0, out.code)
+	require.Contains(t, out.stdout, "beside 2 goroutines burning CPU")
+	require.Contains(t, out.stdout, "tenace")
 }
 
 func TestOutWritesTheTableJSONAndChart(t *testing.T) {
