@@ -57,10 +57,17 @@ func TestEveryCellRunsAndKeepsMutualExclusion(t *testing.T) {
 // table's title, and stops them after the cell (TestMain's goleak would
 // find one left running).
 func TestBusyRunsBesideTheCellsAndStops(t *testing.T) {
-	out, _ := runCapture(t, []string{"-impl", "tenace", "-scenario", "distinct", "-goroutines", "4", "-duration", "30ms", "-quiet", "-busy", "2"})
+	dir := t.TempDir()
+	out, _ := runCapture(t, []string{"-impl", "tenace", "-scenario", "distinct", "-goroutines", "4", "-duration", "30ms", "-quiet", "-busy", "2", "-out", dir})
 	require.Equal(t, 0, out.code)
 	require.Contains(t, out.stdout, "beside 2 goroutines burning CPU")
-	require.Contains(t, out.stdout, "tenace")
+	require.Contains(t, out.stdout, "\ntenace ")
+	md, err := os.ReadFile(filepath.Join(dir, "results.md"))
+	require.NoError(t, err)
+	require.Contains(t, string(md), "beside 2 goroutines burning CPU")
+	js, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	require.NoError(t, err)
+	require.Contains(t, string(js), `"busy": 2`)
 }
 
 func TestOutWritesTheTableJSONAndChart(t *testing.T) {

@@ -77,6 +77,9 @@ func writeOutputs(dir string, rs []result) error {
 	}
 	var md strings.Builder
 	fmt.Fprintf(&md, "Machine: %s.\n\n", machine())
+	if len(rs) > 0 && rs[0].Busy > 0 {
+		fmt.Fprintf(&md, "Every cell ran beside %d goroutines burning CPU (-busy).\n\n", rs[0].Busy)
+	}
 	md.WriteString("| impl | scenario | g | ops/s | vs tenace | p50 | p99 | p999 | max | inside |\n")
 	md.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range rs {
