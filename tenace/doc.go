@@ -40,7 +40,8 @@
 // its Timeout, or forever without one. Give nested locks distinct keys.
 //
 // The lock is released when the inner steps return, normally, with an
-// error or by panic, with a context that is not cancelled (so that a
+// error or by panic, with a context that neither the caller's cancellation
+// nor its deadline can end, even while the release runs (so that a
 // distributed release still reaches its server); a failure to release is
 // ignored, because a distributed lock expires on its own and the work is
 // done. Inside fn, LeaseFrom returns the lease, whose fencing token

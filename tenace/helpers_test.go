@@ -29,14 +29,20 @@ type fakeLease struct {
 	p          *fakeProvider
 	releaseErr error
 	releaseCtx error // ctx.Err() seen by Release
+	releaseDl  bool  // whether Release's ctx had a deadline
 	releases   int
+	onRelease  func() // if set, runs as Release begins, before it reads ctx
 }
 
 func (l *fakeLease) Release(ctx context.Context) error {
+	if l.onRelease != nil {
+		l.onRelease()
+	}
 	l.p.mu.Lock()
 	defer l.p.mu.Unlock()
 	l.releases++
 	l.releaseCtx = ctx.Err()
+	_, l.releaseDl = ctx.Deadline()
 	l.p.released = append(l.p.released, l)
 	return l.releaseErr
 }

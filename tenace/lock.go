@@ -41,9 +41,11 @@ type LockOptions struct {
 //   - granted: it emits EventLockAcquired, runs the inner steps with a
 //     context from which LeaseFrom returns the lease, and releases the lock
 //     when they return — normally, with an error, or by panic (the panic
-//     goes on up) — then emits EventLockReleased. The release gets a context
-//     that is not cancelled, so that a distributed release still reaches its
-//     server, and a failure to release is ignored: a distributed lock expires
+//     goes on up) — then emits EventLockReleased. The release gets the
+//     context's values but neither its cancellation nor its deadline, even
+//     when the context ends during the release, so that a distributed
+//     release still reaches its server (the provider bounds a release on
+//     its own); a failure to release is ignored: a distributed lock expires
 //     on its own, and the work is done.
 //   - not granted within Timeout: it emits EventLockRejected and returns
 //     *LockNotAcquiredError.
@@ -253,8 +255,16 @@ func runWatched(ctx, held context.Context, x policy.Execution, key string, l Los
 // lease was granted (zero without listeners).
 func release(ctx context.Context, x policy.Execution, key string, lease LockLease, granted time.Time) {
 	rctx := ctx
-	if ctx.Err() != nil {
-		rctx = context.WithoutCancel(ctx)
+	if ctx.Done() != nil {
+		// Not ctx: neither the caller's cancel nor its deadline may cut
+		// the release short, when ctx has ended already and just as much
+		// when it ends during the release (a distributed lock would stay
+		// held until it expires). Without a deadline, a distributed
+		// provider bounds the release on its own. The memory provider's
+		// Release ignores its ctx: no context made for it.
+		if _, ok := lease.(contextFreeRelease); !ok {
+			rctx = context.WithoutCancel(ctx)
+		}
 	}
 	err := lease.Release(rctx) // not returned: see Lock; listeners see it
 	if x.HasListeners() {
@@ -262,6 +272,10 @@ func release(ctx context.Context, x policy.Execution, key string, lease LockLeas
 		x.Emit(Event{Name: EventLockReleased, Key: key, Context: ctx, Hold: hold, Token: tokenOf(lease), Err: err})
 	}
 }
+
+// contextFreeRelease is implemented by leases whose Release never uses its
+// context (the memory provider's), so that the Lock step makes none for it.
+type contextFreeRelease interface{ releaseIgnoresContext() }
 
 // emitWaitEnd emits name, an event that ends the wait begun at start.
 func emitWaitEnd(ctx context.Context, x policy.Execution, name, key string, start time.Time, err error) {

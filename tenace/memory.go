@@ -292,7 +292,10 @@ func (p *MemoryLockProvider) sync(ctx context.Context) error { return p.group.Sy
 // methods of a lease.
 type memoryLease shard.Grant
 
-var _ FencedLease = (*memoryLease)(nil)
+var (
+	_ FencedLease        = (*memoryLease)(nil)
+	_ contextFreeRelease = (*memoryLease)(nil)
+)
 
 // Release releases the grant. It never fails and never waits for the shard
 // (ctx is not needed): when nobody waits for the key it is one
@@ -306,6 +309,9 @@ func (l *memoryLease) Release(context.Context) error {
 	(*shard.Grant)(l).Release()
 	return nil
 }
+
+// releaseIgnoresContext marks the lease as a contextFreeRelease.
+func (*memoryLease) releaseIgnoresContext() {}
 
 // Token is the grant's fencing token.
 func (l *memoryLease) Token() uint64 { return (*shard.Grant)(l).Token() }

@@ -165,6 +165,31 @@ func TestGrantLandingAsCtxEndsDoesNotRunFn(t *testing.T) {
 	require.NoError(t, fp.released[0].releaseCtx, "with a context that is not cancelled")
 }
 
+// TestLockReleaseIsNotCutShortByTheCallersContext: the caller's context
+// ends while the Lock releases (a client that hangs up as fn returns); the
+// release must still get a context that is not cancelled and has no
+// deadline of the caller's, as when the context had ended before it.
+func TestLockReleaseIsNotCutShortByTheCallersContext(t *testing.T) {
+	for name, mk := range map[string]func() (context.Context, context.CancelFunc){
+		"cancel":   func() (context.Context, context.CancelFunc) { return context.WithCancel(bg) },
+		"deadline": func() (context.Context, context.CancelFunc) { return context.WithTimeout(bg, time.Hour) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := mk()
+			defer cancel()
+			fp := &fakeProvider{}
+			fp.acquire = func(context.Context, string) (tenace.LockLease, error) {
+				return &fakeLease{p: fp, onRelease: cancel}, nil
+			}
+			pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp, Key: "k"})
+			require.NoError(t, pol.Execute(ctx, noop))
+			require.Equal(t, 1, fp.releaseCount())
+			require.NoError(t, fp.released[0].releaseCtx, "the caller's context ended during the release, and the release saw it")
+			require.False(t, fp.released[0].releaseDl, "the release has the caller's deadline: the provider cannot bound it on its own")
+		})
+	}
+}
+
 // And on the real provider, racing the release against the cancel many
 // times: the call either ran (its grant came first) or returned ctx's error,
 // and after each race nothing is held.
