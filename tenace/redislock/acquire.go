@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"tenace.dev/tenace"
+	"tenace.dev/tenace/policy"
 )
 
 // acquireScript: KEYS[1] the lock, KEYS[2] its fencing counter, KEYS[3]
@@ -102,6 +103,9 @@ func validate(key string, opts tenace.LockAcquireOptions) error {
 // opts.Timeout bounds the whole call, Redis calls included: each call gets
 // a context that ends at the timeout (and at ctx's end), which go-redis
 // honours only on a client with ContextTimeoutEnabled (see CheckClient).
+// With an opts.Clock other than the system's, the timeout runs on that
+// clock and ends the calls when it fires; their socket deadlines come from
+// ctx's deadline alone, which is real time.
 // One exception: the SUBSCRIBE on the Pub/Sub connection all waiters share
 // is sent without the deadline (a timed-out write would make go-redis close
 // that connection); it waits on the server only while that connection is
@@ -135,18 +139,37 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	}
 	actx, cancel := tenace.AcquireContext(ctx, opts)
 	defer cancel()
-	l, err := p.acquire(ctx, actx, p.newAttempt(key, ttl), opts.Timeout == tenace.NoWait)
+	w := waitCtx{caller: ctx, acq: actx, call: actx}
+	if !policy.IsSystemClock(opts.Clock) {
+		// actx's deadline is on opts.Clock, and go-redis would take it for
+		// a real one (with a clock behind real time every call would time
+		// out at once): the calls get ctx's deadline, and end with actx.
+		call, cancelCall := context.WithCancel(ctx)
+		stop := context.AfterFunc(actx, cancelCall)
+		defer func() { stop(); cancelCall() }()
+		w.call = call
+	}
+	l, err := p.acquire(w, p.newAttempt(key, ttl), opts.Timeout == tenace.NoWait)
 	if l == nil {
 		return nil, err
 	}
 	return l, nil
 }
 
-// acquire: ctx is the caller's, actx ends with it or at the Timeout.
-func (p *Provider) acquire(ctx, actx context.Context, a *attempt, noWait bool) (*lease, error) {
-	l, holderTTL, err := a.try(actx)
+// waitCtx is one Acquire's contexts: caller is the caller's ctx; acq ends
+// with it or at the Timeout, on the options' Clock (tenace.AcquireContext);
+// call is what each Redis call gets: acq itself on the system clock, whose
+// deadline go-redis turns into socket deadlines; with another clock, a
+// context with the caller's (real) deadline that ends when acq does.
+type waitCtx struct {
+	caller, acq, call context.Context
+}
+
+// acquire: see waitCtx.
+func (p *Provider) acquire(w waitCtx, a *attempt, noWait bool) (*lease, error) {
+	l, holderTTL, err := a.try(w.call)
 	if err != nil {
-		return nil, a.failed(ctx, actx, err)
+		return nil, a.failed(w, err)
 	}
 	if l != nil || noWait {
 		return l, nil
@@ -155,32 +178,32 @@ func (p *Provider) acquire(ctx, actx context.Context, a *attempt, noWait bool) (
 	// Subscribe first, then try again: a release between the first try and
 	// the subscription would otherwise go unheard. The subscription shares
 	// the provider's one Pub/Sub connection.
-	w, err := p.subs.subscribe(actx, a.channel)
+	sw, err := p.subs.subscribe(w.call, a.channel)
 	if err != nil {
-		return nil, a.outcome(ctx, actx, fmt.Errorf("redislock: subscribing to the release channel of %q: %w", a.key, err))
+		return nil, a.outcome(w, fmt.Errorf("redislock: subscribing to the release channel of %q: %w", a.key, err))
 	}
 	acquired := false
-	defer func() { p.subs.unsubscribe(w, acquired) }()
+	defer func() { p.subs.unsubscribe(sw, acquired) }()
 	// Until Redis confirms the subscription a release could go unheard, so
 	// the confirmation itself means: try again. After it, a release message
 	// (or a broken connection, which may have lost one) wakes the waiter,
 	// and the fallback timer covers a message lost anyway.
-	confirmed := w.sub.confirmed
+	confirmed := sw.sub.confirmed
 	retry := time.NewTimer(p.nextWait(holderTTL))
 	defer retry.Stop()
 	for {
 		select {
 		case <-confirmed:
 			confirmed = nil
-		case <-w.wake:
+		case <-sw.wake:
 		case <-retry.C:
-		case <-actx.Done():
-			return nil, a.outcome(ctx, actx, nil)
+		case <-w.acq.Done():
+			return nil, a.outcome(w, nil)
 		case <-p.closing:
 			return nil, errClosed
 		}
-		if l, holderTTL, err = a.try(actx); err != nil {
-			return nil, a.failed(ctx, actx, err)
+		if l, holderTTL, err = a.try(w.call); err != nil {
+			return nil, a.failed(w, err)
 		}
 		if l != nil {
 			acquired = true
@@ -231,9 +254,9 @@ const outcomeWait = 20 * time.Millisecond
 
 // failed handles a try that returned err: the script may have run, or may
 // yet run, so the token is voided in the background; then it reports.
-func (a *attempt) failed(ctx, actx context.Context, err error) error {
+func (a *attempt) failed(w waitCtx, err error) error {
 	a.p.voids.add(a)
-	return a.outcome(ctx, actx, fmt.Errorf("redislock: acquiring %q: %w", a.key, err))
+	return a.outcome(w, fmt.Errorf("redislock: acquiring %q: %w", a.key, err))
 }
 
 // outcome is what Acquire returns when it returns no lease: ctx's error if
@@ -243,21 +266,21 @@ func (a *attempt) failed(ctx, actx context.Context, err error) error {
 // clocks (a timer, the network poller), so a call can fail with an i/o
 // timeout a moment before ctx reports its end. Once the deadline has passed
 // the context ends within moments: wait for it, so that the caller sees
-// ctx's error, not an i/o error. (The wait is bounded: with a Clock other
-// than the system's, the deadline is on that clock.)
-func (a *attempt) outcome(ctx, actx context.Context, err error) error {
-	if d, ok := actx.Deadline(); ok && !time.Now().Before(d) && actx.Err() == nil {
+// ctx's error, not an i/o error. (The wait is bounded, and the deadline
+// is the calls' own: real time.)
+func (a *attempt) outcome(w waitCtx, err error) error {
+	if d, ok := w.call.Deadline(); ok && !time.Now().Before(d) && w.acq.Err() == nil {
 		t := time.NewTimer(outcomeWait)
 		select {
-		case <-actx.Done():
+		case <-w.acq.Done():
 		case <-t.C:
 		}
 		t.Stop()
 	}
-	if ctx.Err() != nil {
-		return ctx.Err()
+	if err := w.caller.Err(); err != nil {
+		return err
 	}
-	if tenace.TimedOut(ctx, actx) {
+	if tenace.TimedOut(w.caller, w.acq) {
 		return nil // not granted in time
 	}
 	return err

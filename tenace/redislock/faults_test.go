@@ -20,6 +20,7 @@ import (
 
 	"tenace.dev/internal/redistest"
 	"tenace.dev/tenace"
+	"tenace.dev/tenace/internal/fakeclock"
 	"tenace.dev/tenace/redislock"
 )
 
@@ -463,4 +464,26 @@ func TestReleaseOnAStalledServerReturnsWithinAWindow(t *testing.T) {
 	// resume (the release script may also run once the server reads it).
 	within(t, 2*window, "the key gone after the resume (it lapses within a window)", func() bool { return c.Exists(bg, "tenace:lock:{stalled-release}").Val() == 0 })
 	require.NoError(t, l.Release(bg), "a retry that finds the key gone returns nil")
+}
+
+// A Timeout on a Clock other than the system's (Policy.WithClock) runs on
+// that clock, and the Redis calls keep real deadlines. Before, the clock's
+// deadline (in the real past for fakeclock, which starts on 2026-01-01)
+// reached go-redis as a socket deadline: every call timed out at once,
+// even on a free key.
+func TestATimeoutOnAManualClockRunsOnThatClock(t *testing.T) {
+	srv := redistest.Start(t)
+	c := deadlineClient(t, srv.Addr)
+	p := newProvider(t, c)
+	clock := fakeclock.New()
+	held := mustAcquire(t, p, "clocked", tenace.LockAcquireOptions{Timeout: time.Hour, Clock: clock})
+	r := acquireAsync(bg, p, "clocked", tenace.LockAcquireOptions{Timeout: time.Second, Clock: clock})
+	waitSubscribed(t, c, "clocked", 1)
+	clock.Advance(time.Second) // the waiter's Timeout, on its clock
+	got := <-r
+	require.NoError(t, got.err)
+	require.Nil(t, got.lease, "not granted within the clock's Timeout")
+	require.NoError(t, held.Release(bg))
+	next := mustAcquire(t, p, "clocked", tenace.LockAcquireOptions{Timeout: time.Hour, Clock: clock})
+	require.NoError(t, next.Release(bg))
 }
