@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -340,4 +341,58 @@ func TestKeepaliveAndLossThroughClusterAndFailoverClients(t *testing.T) {
 			require.ErrorIs(t, l.Release(bg), tenace.ErrLeaseLost)
 		})
 	}
+}
+
+// acquireSent closes sent when the client first sends the acquire script
+// (EVALSHA sha 3 lock fence void token ms: three keys).
+type acquireSent struct {
+	once sync.Once
+	sent chan struct{}
+}
+
+func (h *acquireSent) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *acquireSent) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			if args := cmd.Args(); len(args) == 8 && fmt.Sprint(args[2]) == "3" {
+				h.once.Do(func() { close(h.sent) })
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *acquireSent) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A grant whose reply was slow — the server stalled while the acquire was
+// on the wire — is renewed before the expiry it was given (counted from
+// before the send), so it is not reported lost while the server answers
+// and holds the key for it. Before, the first renewal was armed one
+// interval after the reply: here 100 ms after a reply 250 ms into a 300-ms
+// window, after the expiry.
+func TestASlowGrantIsRenewedBeforeItsExpiry(t *testing.T) {
+	srv := redistest.Start(t)
+	c := deadlineClient(t, srv.Addr)
+	const window = 300 * time.Millisecond
+	p := newProvider(t, c, redislock.WithWindow(window))
+	warm(t, c, p)
+	h := &acquireSent{sent: make(chan struct{})}
+	c.AddHook(h)
+	srv.Pause()
+	r := acquireAsync(bg, p, "slow", tenace.LockAcquireOptions{})
+	<-h.sent
+	time.Sleep(250 * time.Millisecond) // the stall itself, not a wait for an event
+	srv.Resume()
+	got := <-r
+	require.NoError(t, got.err)
+	require.NotNil(t, got.lease)
+	ll := got.lease.(tenace.LosableLease)
+	select {
+	case <-ll.Lost():
+		t.Fatalf("a lease granted after a slow reply was reported lost while the server answered (PTTL of the key now %v): %v",
+			c.PTTL(bg, "tenace:lock:{slow}").Val(), ll.Err())
+	case <-time.After(3 * window): // three windows of renewals, none missed
+	}
+	require.NoError(t, got.lease.Release(bg))
 }

@@ -109,9 +109,20 @@ func (p *Provider) newLease(a *attempt, fence uint64, sent time.Time) *lease {
 	p.held.Add(1)
 	l.lossT = l.arm(time.Until(l.expiry), l.expire)
 	if !l.final {
-		l.renewT = l.arm(p.interval, l.renew)
+		l.renewT = l.arm(l.nextRenewal(), l.renew)
 	}
 	return l
+}
+
+// nextRenewal is when to send the next renewal, from now: the renewal
+// interval, but no later than halfway to the expiry the server was last
+// told. The expiry counts from before the last send, so after a slow reply
+// (a stalled server, a slow network) less than a window is left, and a
+// renewal one interval after the reply could come after it: the lease
+// would be reported lost while the server still held the key for it. With
+// l.mu held, or before the lease is shared.
+func (l *lease) nextRenewal() time.Duration {
+	return max(0, min(l.a.p.interval, time.Until(l.expiry)/2))
 }
 
 // arm starts a timer that runs f after d, counted in the provider's bg
@@ -195,7 +206,7 @@ func (l *lease) renew() {
 			l.rearm(l.lossT, time.Until(e))
 		}
 		if !l.final {
-			l.rearm(l.renewT, p.interval)
+			l.rearm(l.renewT, l.nextRenewal())
 		}
 	}
 }
