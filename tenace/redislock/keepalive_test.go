@@ -396,3 +396,85 @@ func TestASlowGrantIsRenewedBeforeItsExpiry(t *testing.T) {
 	}
 	require.NoError(t, got.lease.Release(bg))
 }
+
+// stallOnRenewal stalls the server just before the client sends its first
+// renewal script once armed (so that renewal is on the wire of a stalled
+// server), and then reports when it sends a release script.
+type stallOnRenewal struct {
+	srv         *redistest.Server
+	armed       atomic.Bool
+	paused      atomic.Bool
+	stalled     chan struct{}
+	releaseOnce sync.Once
+	releaseSent chan struct{}
+}
+
+func (h *stallOnRenewal) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *stallOnRenewal) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			if args := cmd.Args(); len(args) == 6 && fmt.Sprint(args[2]) == "1" {
+				if strings.HasSuffix(fmt.Sprint(args[5]), ":released") {
+					if h.paused.Load() { // not the warm-up's release
+						h.releaseOnce.Do(func() { close(h.releaseSent) })
+					}
+				} else if h.armed.CompareAndSwap(true, false) {
+					h.srv.Pause()
+					h.paused.Store(true)
+					close(h.stalled)
+				}
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *stallOnRenewal) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// Close returns once the renewal in flight has ended, also while a Release
+// of the same lease waits on the stalled server. Before, Release held the
+// lease's mutex across its call, the renewal's callback waited for that
+// mutex, and Close for the callback: as long as the Release's call lasts.
+// (go-redis ends a call at its deadline, not when its context is
+// cancelled: the renewal Close cuts short ends at the lease's expiry.)
+func TestCloseDoesNotWaitForAReleaseInFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	// No ReadTimeout: each call ends at its context's deadline alone.
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, DialTimeout: time.Second, ReadTimeout: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	h := &stallOnRenewal{srv: srv, stalled: make(chan struct{}), releaseSent: make(chan struct{})}
+	c.AddHook(h)
+	const window = time.Second
+	p := redislock.New(c, redislock.WithWindow(window), redislock.WithRenewInterval(10*time.Millisecond))
+	warm(t, c, p)
+	l := mustAcquire(t, p, "closing", tenace.LockAcquireOptions{})
+	h.armed.Store(true)
+	<-h.stalled // the next renewal is on its way to a stalled server
+	released := make(chan error, 1)
+	rctx, cancel := context.WithTimeout(bg, time.Minute) // longer than the test
+	defer cancel()
+	go func() { released <- l.Release(rctx) }()
+	<-h.releaseSent
+	closed := make(chan time.Duration, 1)
+	go func() {
+		start := time.Now()
+		_ = p.Close()
+		closed <- time.Since(start)
+	}()
+	select {
+	case took := <-closed:
+		t.Logf("Close returned after %v (the renewal's deadline: at most a window, %v)", took.Round(time.Millisecond), window)
+	case <-time.After(3 * window):
+		srv.Resume()
+		t.Fatalf("Close still waits %v after it began, with the Release's call on the stalled server", 3*window)
+	}
+	srv.Resume()
+	// The release deletes the key once the server answers, unless the key
+	// expired first: the stall lasted about a window, with no renewal.
+	if err := <-released; err != nil {
+		require.ErrorIs(t, err, tenace.ErrLeaseLost, "the release, once the server answers")
+	}
+	_, err := c.Get(bg, "tenace:lock:{closing}").Result()
+	require.ErrorIs(t, err, redis.Nil, "the key is gone")
+}

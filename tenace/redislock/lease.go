@@ -60,10 +60,12 @@ const (
 // that fail, end the lease no later than the server can free the key.
 //
 // Concurrency: the fields above mu are set at the grant and never change;
-// mu guards the rest. It is not held across the renewal call, so Release
-// never waits for a renewal; a renewal that reaches the server after the
-// release finds the key gone (or another's) and changes nothing, and its
-// reply is ignored. mu is taken before the provider's mu, never after.
+// mu guards the rest. It is held across no server call: Release never
+// waits for a renewal, and neither a renewal callback nor Close waits for
+// a Release's call (a second Release waits for the first's outcome, on
+// releasing); a renewal that reaches the server after the release finds
+// the key gone (or another's) and changes nothing, and its reply is
+// ignored. mu is taken before the provider's mu, never after.
 // Every armed timer and every timer callback running counts one in the
 // provider's bg group, so Close can wait for them.
 type lease struct {
@@ -81,6 +83,8 @@ type lease struct {
 	renewT *time.Timer // the next renewal; nil if the lease was never to be renewed
 	lossT  *time.Timer // fires at expiry
 	unsure bool        // a release call failed: it may have deleted the key
+
+	releasing chan struct{} // closed when the Release call in flight, if any, has its outcome
 }
 
 var (
@@ -272,32 +276,59 @@ func (l *lease) stopLocked() {
 // finds the key gone returns nil, since the failed call may have deleted
 // it.
 func (l *lease) Release(ctx context.Context) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	a := l.a
-	if _, ok := ctx.Deadline(); !ok && l.state != stateDone {
-		// A ctx without a deadline (the Lock step releases with one) is
-		// bounded by one window: renewals stop here, so past it the server
-		// lets the key go on its own, and a stalled server must not hold
-		// the caller longer. On a client with ContextTimeoutEnabled.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, a.p.window)
-		defer cancel()
+	l.mu.Lock()
+	for l.releasing != nil {
+		// Another Release's call is on its way: its outcome decides this
+		// one's (that call is bounded like any release).
+		inFlight := l.releasing
+		l.mu.Unlock()
+		select {
+		case <-inFlight:
+		case <-ctx.Done():
+			return fmt.Errorf("redislock: releasing %q: another Release of this lease is in progress, and ctx ended first; call Release again: %w", a.key, ctx.Err())
+		}
+		l.mu.Lock()
 	}
+	lost := false
 	switch l.state {
 	case stateDone:
+		l.mu.Unlock()
 		return nil
 	case stateHeld:
 		l.state = stateReleasing
 		l.stopLocked()
 	case stateLost:
-		// Best effort: the key may still be this grant's (the provider was
-		// closed, or the last renewal's reply was lost).
-		_ = releaseScript.Run(ctx, a.p.client, l.keys, l.token, a.channel).Err()
+		// Best effort below: the key may still be this grant's (the
+		// provider was closed, or the last renewal's reply was lost).
+		lost = true
+	}
+	// The call goes out without l.mu, so that a renewal callback (which
+	// takes it once its call ends) and so Close never wait for a release
+	// on a stalled server. Nothing else moves the state meanwhile: the
+	// renewals and Close act only on a held lease, and a concurrent
+	// Release waits for this one above.
+	inFlight := make(chan struct{})
+	l.releasing = inFlight
+	l.mu.Unlock()
+	if _, ok := ctx.Deadline(); !ok {
+		// A ctx without a deadline (the Lock step releases with one) is
+		// bounded by one window: renewals have stopped, so past it the
+		// server lets the key go on its own, and a stalled server must not
+		// hold the caller longer. On a client with ContextTimeoutEnabled.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, a.p.window)
+		defer cancel()
+	}
+	n, err := releaseScript.Run(ctx, a.p.client, l.keys, l.token, a.channel).Int()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.releasing = nil
+	close(inFlight)
+	if lost {
 		l.state = stateDone
 		return fmt.Errorf("redislock: releasing %q: %w", a.key, l.Err())
 	}
-	n, err := releaseScript.Run(ctx, a.p.client, l.keys, l.token, a.channel).Int()
 	if err != nil {
 		l.unsure = true
 		if ctx.Err() != nil {

@@ -209,9 +209,13 @@ func CheckClient(client redis.UniversalClient) error {
 // context); their keys stay held until Release, which still deletes them,
 // or for at most one window. Acquires whose outcome was unknown and are not
 // yet undone are left to their first window (or TTL). Close waits for the
-// provider's goroutines to end — a renewal or void call in flight is cut
-// short through its context, which a client without ContextTimeoutEnabled
-// ignores until its ReadTimeout — and is idempotent; it returns nil.
+// provider's goroutines to end, and is idempotent; it returns nil. It does
+// not wait for a Release in progress. A renewal or void call in flight on
+// a server that does not answer ends at its deadline, not at once: go-redis
+// ends a call when its context's deadline passes (on a client with
+// ContextTimeoutEnabled; else at its ReadTimeout), not when the context is
+// cancelled. A renewal's deadline is the lease's expiry, at most one window
+// away; a void call's, one second.
 func (p *Provider) Close() error {
 	p.mu.Lock()
 	if p.closed {
