@@ -106,10 +106,13 @@ func validate(key string, opts tenace.LockAcquireOptions) error {
 // With an opts.Clock other than the system's, the timeout runs on that
 // clock and ends the calls when it fires; their socket deadlines come from
 // ctx's deadline alone, which is real time.
-// One exception: the SUBSCRIBE on the Pub/Sub connection all waiters share
-// is sent without the deadline (a timed-out write would make go-redis close
-// that connection); it waits on the server only while that connection is
-// being opened, for at most the client's dial and read timeouts.
+// One exception: the Pub/Sub connection all waiters share. Its SUBSCRIBE
+// and UNSUBSCRIBE are sent without the deadline (a timed-out write would
+// make go-redis close that connection), in order, one at a time. They wait
+// on the server only while that connection is being opened or, after it
+// broke, opened again: then a waiter that subscribes, and also one that
+// leaves (its Timeout or ctx ended, or it got the lock), waits for the
+// reconnect, for at most the client's dial and read timeouts.
 //
 // Invalid input: an empty key (an error wrapping tenace.ErrMissingKey), a
 // negative Timeout other than NoWait, a negative TTL or one under a

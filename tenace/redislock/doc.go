@@ -114,7 +114,8 @@
 //     TTL, if shorter).
 //   - Timeout and ctx bound Acquire, Redis calls included, on a client with
 //     ContextTimeoutEnabled — except while the shared Pub/Sub connection is
-//     being opened (see Provider.Acquire); a ctx that ends during a call
+//     being opened, or re-opened after it broke (see Provider.Acquire); a
+//     ctx that ends during a call
 //     returns ctx's error, never the i/o error it caused.
 //   - Release deletes the key only if it holds this grant's token; after a
 //     loss it returns an error wrapping ErrLeaseLost and never touches
