@@ -122,7 +122,10 @@
 //     another holder's lock. A Release that failed can be called again; once one
 //     succeeded, Release returns nil. A retry after a failed call that finds
 //     the key no longer this grant's returns nil: the failed call may have
-//     deleted it. A Release whose ctx has no deadline (the Lock step's) gives
+//     deleted it. A release also voids the grant's token for a window, so
+//     that a call of it that reaches the server twice (a go-redis retry)
+//     reports the release, not a loss, and a late copy of the grant's
+//     acquire takes nothing. A Release whose ctx has no deadline (the Lock step's) gives
 //     up after one window on a stalled server, when the key lapses anyway.
 //   - Not FIFO: waiters in different processes race for the key when it is
 //     released; in each process the oldest waiter tries again on the release

@@ -30,7 +30,7 @@ import (
 
 // renewalHook counts the renewal scripts a client sends: EVALSHA sha 1 key
 // token ms — one key, and a number (the new expiry in ms) as the last
-// argument, where a release has its channel's name.
+// argument (a release has two keys).
 type renewalHook struct{ n atomic.Int64 }
 
 func (h *renewalHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -413,12 +413,13 @@ func (h *stallOnRenewal) DialHook(next redis.DialHook) redis.DialHook { return n
 func (h *stallOnRenewal) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if n := cmd.Name(); n == "evalsha" || n == "eval" {
-			if args := cmd.Args(); len(args) == 6 && fmt.Sprint(args[2]) == "1" {
-				if strings.HasSuffix(fmt.Sprint(args[5]), ":released") {
-					if h.paused.Load() { // not the warm-up's release
-						h.releaseOnce.Do(func() { close(h.releaseSent) })
-					}
-				} else if h.armed.CompareAndSwap(true, false) {
+			switch args := cmd.Args(); {
+			case len(args) == 8 && fmt.Sprint(args[2]) == "2": // release: lock, void marker
+				if h.paused.Load() { // not the warm-up's release
+					h.releaseOnce.Do(func() { close(h.releaseSent) })
+				}
+			case len(args) == 6 && fmt.Sprint(args[2]) == "1": // renewal
+				if h.armed.CompareAndSwap(true, false) {
 					h.srv.Pause()
 					h.paused.Store(true)
 					close(h.stalled)

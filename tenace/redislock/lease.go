@@ -11,12 +11,24 @@ import (
 	"tenace.dev/tenace"
 )
 
-// releaseScript: KEYS[1] the lock; ARGV[1] the grant's token, ARGV[2] the
-// release channel. Deletes the lock only if it is still this grant's.
+// releaseScript: KEYS[1] the lock, KEYS[2] the token's void marker (see
+// voidScript); ARGV[1] the grant's token, ARGV[2] the release channel,
+// ARGV[3] the marker's life in ms. Deletes the lock only if it is still
+// this grant's, and marks the token void: an acquire script of this token
+// that reaches the server afterwards (a go-redis retry, or a copy queued on
+// another connection) takes nothing. A second run — go-redis retries a
+// call whose reply timed out, and the caller may call Release again —
+// finds the marker and reports the release done: 1 if this token's release
+// deleted the lock, 0 if the lock was never deleted by it (expired, or
+// another's).
 var releaseScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then
 	redis.call('DEL', KEYS[1])
+	redis.call('SET', KEYS[2], 'released', 'PX', ARGV[3])
 	redis.call('PUBLISH', ARGV[2], '1')
+	return 1
+end
+if redis.call('GET', KEYS[2]) == 'released' then
 	return 1
 end
 return 0
@@ -73,7 +85,7 @@ type lease struct {
 	a     *attempt
 	fence uint64
 	cap   time.Time // when the TTL is reached; zero: no cap
-	keys  []string  // {the lock key}, for the scripts
+	keys  []string  // {the lock key}, for the renewal script
 	token any       // the grant's token, boxed once for the scripts
 
 	mu     sync.Mutex
@@ -320,7 +332,7 @@ func (l *lease) Release(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(ctx, a.p.window)
 		defer cancel()
 	}
-	n, err := releaseScript.Run(ctx, a.p.client, l.keys, l.token, a.channel).Int()
+	n, err := l.releaseCall(ctx)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.releasing = nil
@@ -341,6 +353,12 @@ func (l *lease) Release(ctx context.Context) error {
 		return fmt.Errorf("redislock: releasing %q: the lock was no longer this lease's (it expired, was deleted or taken over): %w", a.key, tenace.ErrLeaseLost)
 	}
 	return nil
+}
+
+// releaseCall runs releaseScript once for l.
+func (l *lease) releaseCall(ctx context.Context) (int, error) {
+	a := l.a
+	return releaseScript.Run(ctx, a.p.client, []string{a.lockKey, a.voidKey}, l.token, a.channel, a.pxMS).Int()
 }
 
 // Token is the grant's fencing token (see the package doc).

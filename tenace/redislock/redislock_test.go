@@ -519,3 +519,36 @@ func newProvider(t *testing.T, c redis.UniversalClient, opts ...redislock.Option
 }
 
 func newTextLogger(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
+
+// A Release whose call reached the server twice — go-redis retries a call
+// whose reply timed out, after the first run had deleted the key — reports
+// the release done, not a loss: the token's release marker tells the
+// second run that this token's release deleted the key.
+func TestAReleaseRunTwiceIsNotReportedAsALoss(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newClient(t, srv.Addr)
+	p := newProvider(t, c)
+	l := mustAcquire(t, p, "twice", tenace.LockAcquireOptions{})
+	n, err := redislock.RunReleaseScript(bg, l) // the first run, its reply lost
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.NoError(t, l.Release(bg), "the retried run finds the key gone by this token's own release")
+	_, err = c.Get(bg, "tenace:lock:{twice}").Result()
+	require.ErrorIs(t, err, redis.Nil)
+}
+
+// A copy of a granted acquire's script that reaches the server after the
+// lease's release (queued on another connection, or retried by go-redis)
+// takes nothing: the release voided its token.
+func TestALateCopyOfAnAcquireTakesNothingAfterTheRelease(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newClient(t, srv.Addr)
+	p := newProvider(t, c)
+	l := mustAcquire(t, p, "late", tenace.LockAcquireOptions{})
+	require.NoError(t, l.Release(bg))
+	got, err := redislock.RunAcquireScript(bg, l)
+	require.NoError(t, err)
+	require.Equal(t, int64(-1), got, "the late copy was refused as void")
+	_, err = c.Get(bg, "tenace:lock:{late}").Result()
+	require.ErrorIs(t, err, redis.Nil, "nobody holds the key")
+}

@@ -1,0 +1,25 @@
+package redislock
+
+import (
+	"context"
+
+	"tenace.dev/tenace"
+)
+
+// RunReleaseScript runs l's release script once more, as a first attempt
+// whose reply was lost did (go-redis then retries the call).
+func RunReleaseScript(ctx context.Context, l tenace.LockLease) (int, error) {
+	return l.(*lease).releaseCall(ctx)
+}
+
+// RunAcquireScript runs the acquire script of l's Acquire once more, as a
+// copy of it that reaches the server late would, and returns the first
+// element of its reply: 1 granted, 0 held by another token, -1 voided.
+func RunAcquireScript(ctx context.Context, l tenace.LockLease) (int64, error) {
+	a := l.(*lease).a
+	res, err := acquireScript.Run(ctx, a.p.client, []string{a.lockKey, a.fenceKey, a.voidKey}, a.token, a.pxMS).Int64Slice()
+	if err != nil {
+		return 0, err
+	}
+	return res[0], nil
+}
