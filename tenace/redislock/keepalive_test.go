@@ -12,7 +12,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -28,24 +27,35 @@ import (
 	"tenace.dev/tenace/redislock"
 )
 
-// renewalHook counts the renewal scripts a client sends: EVALSHA sha 1 key
-// token ms — one key, and a number (the new expiry in ms) as the last
-// argument (a release has two keys).
-type renewalHook struct{ n atomic.Int64 }
+// scriptHook calls its function with the number of keys of every script
+// the client sends (EVAL/EVALSHA sha numkeys ...): "1" a renewal, "2" a
+// release (or a void), "3" an acquire.
+type scriptHook func(numKeys string)
 
-func (h *renewalHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *renewalHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (f scriptHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (f scriptHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if n := cmd.Name(); n == "evalsha" || n == "eval" {
-			if args := cmd.Args(); len(args) == 6 && fmt.Sprint(args[2]) == "1" && !strings.HasSuffix(fmt.Sprint(args[5]), ":released") {
-				h.n.Add(1)
+			if args := cmd.Args(); len(args) > 2 {
+				f(fmt.Sprint(args[2]))
 			}
 		}
 		return next(ctx, cmd)
 	}
 }
-func (h *renewalHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (f scriptHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// renewalHook counts the renewal scripts a client sends.
+type renewalHook struct{ n atomic.Int64 }
+
+func (h *renewalHook) hook() scriptHook {
+	return func(numKeys string) {
+		if numKeys == "1" {
+			h.n.Add(1)
+		}
+	}
 }
 
 func TestConformance(t *testing.T) {
@@ -85,7 +95,7 @@ func TestWorkLongerThanTheWindowKeepsTheLock(t *testing.T) {
 	srv := redistest.Start(t)
 	c := deadlineClient(t, srv.Addr)
 	h := &renewalHook{}
-	c.AddHook(h)
+	c.AddHook(h.hook())
 	const window = 200 * time.Millisecond
 	p := newProvider(t, c, redislock.WithWindow(window))
 	other := newProvider(t, deadlineClient(t, srv.Addr))
@@ -231,7 +241,7 @@ func TestReleaseStopsRenewal(t *testing.T) {
 	srv := redistest.Start(t)
 	c := deadlineClient(t, srv.Addr)
 	h := &renewalHook{}
-	c.AddHook(h)
+	c.AddHook(h.hook())
 	const window = 150 * time.Millisecond
 	p := newProvider(t, c, redislock.WithWindow(window))
 	l := mustAcquire(t, p, "r", tenace.LockAcquireOptions{})
@@ -343,28 +353,6 @@ func TestKeepaliveAndLossThroughClusterAndFailoverClients(t *testing.T) {
 	}
 }
 
-// acquireSent closes sent when the client first sends the acquire script
-// (EVALSHA sha 3 lock fence void token ms: three keys).
-type acquireSent struct {
-	once sync.Once
-	sent chan struct{}
-}
-
-func (h *acquireSent) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *acquireSent) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if n := cmd.Name(); n == "evalsha" || n == "eval" {
-			if args := cmd.Args(); len(args) == 8 && fmt.Sprint(args[2]) == "3" {
-				h.once.Do(func() { close(h.sent) })
-			}
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h *acquireSent) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 // A grant whose reply was slow — the server stalled while the acquire was
 // on the wire — is renewed before the expiry it was given (counted from
 // before the send), so it is not reported lost while the server answers
@@ -377,11 +365,16 @@ func TestASlowGrantIsRenewedBeforeItsExpiry(t *testing.T) {
 	const window = 300 * time.Millisecond
 	p := newProvider(t, c, redislock.WithWindow(window))
 	warm(t, c, p)
-	h := &acquireSent{sent: make(chan struct{})}
-	c.AddHook(h)
+	var once sync.Once
+	sent := make(chan struct{})
+	c.AddHook(scriptHook(func(numKeys string) {
+		if numKeys == "3" {
+			once.Do(func() { close(sent) })
+		}
+	}))
 	srv.Pause()
 	r := acquireAsync(bg, p, "slow", tenace.LockAcquireOptions{})
-	<-h.sent
+	<-sent                             // the acquire is on its way to the stalled server
 	time.Sleep(250 * time.Millisecond) // the stall itself, not a wait for an event
 	srv.Resume()
 	got := <-r
@@ -409,28 +402,21 @@ type stallOnRenewal struct {
 	releaseSent chan struct{}
 }
 
-func (h *stallOnRenewal) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *stallOnRenewal) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if n := cmd.Name(); n == "evalsha" || n == "eval" {
-			switch args := cmd.Args(); {
-			case len(args) == 8 && fmt.Sprint(args[2]) == "2": // release: lock, void marker
-				if h.paused.Load() { // not the warm-up's release
-					h.releaseOnce.Do(func() { close(h.releaseSent) })
-				}
-			case len(args) == 6 && fmt.Sprint(args[2]) == "1": // renewal
-				if h.armed.CompareAndSwap(true, false) {
-					h.srv.Pause()
-					h.paused.Store(true)
-					close(h.stalled)
-				}
+func (h *stallOnRenewal) hook() scriptHook {
+	return func(numKeys string) {
+		switch numKeys {
+		case "2": // a release
+			if h.paused.Load() { // not the warm-up's release
+				h.releaseOnce.Do(func() { close(h.releaseSent) })
+			}
+		case "1": // a renewal
+			if h.armed.CompareAndSwap(true, false) {
+				h.srv.Pause()
+				h.paused.Store(true)
+				close(h.stalled)
 			}
 		}
-		return next(ctx, cmd)
 	}
-}
-func (h *stallOnRenewal) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 // Close returns once the renewal in flight has ended, also while a Release
@@ -445,7 +431,7 @@ func TestCloseDoesNotWaitForAReleaseInFlight(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, DialTimeout: time.Second, ReadTimeout: -1})
 	t.Cleanup(func() { _ = c.Close() })
 	h := &stallOnRenewal{srv: srv, stalled: make(chan struct{}), releaseSent: make(chan struct{})}
-	c.AddHook(h)
+	c.AddHook(h.hook())
 	const window = time.Second
 	p := redislock.New(c, redislock.WithWindow(window), redislock.WithRenewInterval(10*time.Millisecond))
 	warm(t, c, p)
