@@ -169,9 +169,10 @@ func itoa(n int) string {
 
 // discard closes c's connection instead of returning it to the pool: the
 // server ends the session, which releases every lock it holds. It is the
-// answer to every uncertain state: a statement whose context ended (a
-// cancel request may still be on its way, and a grant may have landed), an
-// unlock that failed. Closing is bounded by cleanupTimeout.
+// answer to every uncertain state: a statement whose context ended while it
+// ran, whether it failed or succeeded (a cancel request may still be on its
+// way, and would hit the connection's next statement; a grant may have
+// landed), an unlock that failed. Closing is bounded by cleanupTimeout.
 func discard(c *pgxpool.Conn) {
 	conn := c.Hijack()
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)

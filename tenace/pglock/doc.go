@@ -143,7 +143,11 @@
 // Release after a loss touches nothing and returns an error wrapping
 // tenace.ErrLeaseLost that says why. If the unlock itself fails (the server
 // went away, ctx ended), Release closes the connection instead — which
-// releases the lock when the server ends the session — and says so. A
+// releases the lock when the server ends the session — and says so; when
+// the unlock succeeds but ctx ended while it ran, Release returns nil and
+// closes the connection all the same, since a cancel request may still be
+// on its way to the session (no connection whose statement saw its context
+// end goes back to the pool, where it would hit another caller's). A
 // Release whose ctx has no deadline (the Lock step's) gives the unlock 5 s:
 // on a stalled backend it returns after that and the cancel's grace (2 s),
 // having closed the connection (tested with the backend stopped by

@@ -112,7 +112,10 @@ func (u unfenced) Err() error { return u.l.Err() }
 // committed before the grant is returned).
 func (l *lease) Token() uint64 { return l.token }
 
-// Release unlocks the key and returns the connection to the pool. A second
+// Release unlocks the key and returns the connection to the pool (or closes
+// it, when ctx ended while the unlock ran: a cancel request may still be on
+// its way to the session, and must not hit another caller's statement; the
+// unlock itself succeeded, and Release returns nil). A second
 // call does nothing and returns nil. After the lease was lost (its
 // connection ended, its TTL passed, the provider closed) it touches nothing
 // and returns an error wrapping tenace.ErrLeaseLost that says why (the
@@ -193,6 +196,13 @@ func (l *lease) finish(ctx context.Context, cause error) error {
 	if err != nil {
 		discard(l.conn)
 		return fmt.Errorf("pglock: unlocking %q: %w; its connection was closed instead, which releases the lock when the server ends the session", l.key, err)
+	}
+	if ctx.Err() != nil {
+		// Unlocked, but ctx ended while the unlock ran: cancel requests
+		// may still be on their way to this session, and would hit the
+		// connection's next statement, another caller's. Never reuse it.
+		discard(l.conn)
+		return nil
 	}
 	l.conn.Release()
 	return nil

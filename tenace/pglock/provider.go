@@ -262,7 +262,13 @@ func (p *Provider) check(ctx context.Context, s settings) error {
 	if err != nil {
 		return fmt.Errorf("pglock: connecting to PostgreSQL: %w", err)
 	}
-	defer c.Release()
+	defer func() {
+		if ctx.Err() != nil {
+			discard(c) // a cancel request may be on its way (see discard)
+			return
+		}
+		c.Release()
+	}()
 	var pid uint32
 	var recovery bool
 	if err := c.QueryRow(ctx, `SELECT pg_backend_pid(), pg_is_in_recovery()`).Scan(&pid, &recovery); err != nil {
@@ -337,8 +343,11 @@ func (p *Provider) prepareSQL() {
 // key, a negative Timeout other than NoWait, a negative TTL) returns an
 // error wrapping tenace.ErrMissingKey or tenace.ErrInvalidOption.
 //
-// A grant that lands as ctx ends or the Timeout passes is given back: the
-// call returns ctx's error, or (nil, nil) for the Timeout. When Acquire
+// A statement that completes as ctx ends or the Timeout passes counts as
+// cut short, whatever it found: a grant is given back, and the call returns
+// ctx's error (with NoWait too), or (nil, nil) for the Timeout; the
+// connection is closed, not reused, since a cancel request may still be on
+// its way to its session. When Acquire
 // returns no lease, this provider holds nothing for the call on the
 // server: a connection whose wait was cut short is unlocked and closed,
 // which ends its session and with it any lock the server granted at that
@@ -441,8 +450,24 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 				continue
 			}
 			return nil, false, fmt.Errorf("pglock: acquiring %q: %w", key, err)
+		case wctx.Err() != nil:
+			// The statement succeeded, but its context ended while it ran:
+			// cancel requests may still be on their way to this session,
+			// and would hit the connection's next statement, whoever runs
+			// it. Whatever it found (granted, tried and refused, a key
+			// without a row), the call gave up: give back anything the
+			// session holds, and the connection too (see discard).
+			if locked {
+				p.unlockAll(conn)
+			}
+			discard(conn)
+			l, err := p.waitEnded(ctx, wctx)
+			return l, false, err
 		case id == nil && !registered:
-			if _, err := conn.Exec(wctx, p.registerSQL, []byte(key)); err != nil {
+			_, err := conn.Exec(wctx, p.registerSQL, []byte(key))
+			if err != nil || wctx.Err() != nil {
+				// A failure, or a context that ended during the statement
+				// (a cancel may be on its way): never reuse the connection.
 				discard(conn)
 				if wctx.Err() != nil {
 					l, err := p.waitEnded(ctx, wctx)
@@ -463,16 +488,6 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 			p.unlockAll(conn)
 			discard(conn)
 			return nil, false, fmt.Errorf("pglock: the row of key %q vanished from %s while it was locked; rows must never be deleted", key, p.table)
-		}
-		if wctx.Err() != nil {
-			// Granted as the wait was being cut short: cancel requests may
-			// still be on their way to this session, and would hit the
-			// lease's unlock. The call gave up: give the lock back, and
-			// the connection too (see discard).
-			p.unlockAll(conn)
-			discard(conn)
-			l, err := p.waitEnded(ctx, wctx)
-			return l, false, err
 		}
 		var token uint64
 		if fence != nil {
