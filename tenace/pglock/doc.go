@@ -38,13 +38,17 @@
 //     keys).
 //   - Fencing tokens (leases are tenace.FencedLease) strictly increase per
 //     key, across processes and across server restarts and crashes: the
-//     fence is committed before the grant returns. A failover to a replica
-//     keeps them only if the replication is synchronous. WithoutFencing
-//     drops them, and with them the grant's write.
+//     fence is committed, and its WAL flushed to disk, before the grant
+//     returns: the acquire statement sets synchronous_commit to on for its
+//     own transaction when the session's is off or local, so a server tuned
+//     with synchronous_commit off keeps the guarantee (remote_write and
+//     remote_apply are kept). A failover to a replica keeps them only if the
+//     replication is synchronous. WithoutFencing drops them, and with them
+//     the grant's write.
 //
 // Costs: an acquire is one round trip (three on a key's first use) and, with
-// fencing, a write transaction — a WAL flush per grant on a server with
-// synchronous_commit on; a release is one round trip. A held lease costs a
+// fencing, a write transaction — a WAL flush per grant (committed
+// synchronously, see above); a release is one round trip. A held lease costs a
 // connection and a goroutine. Measured against two bare round trips on a
 // held connection, and against redislock: bench/README.md.
 //

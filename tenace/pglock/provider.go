@@ -303,7 +303,8 @@ func (p *Provider) check(ctx context.Context, s settings) error {
 // lockStatement: $1 the key, $2 the class id. One round trip: it finds the
 // key's id, takes the advisory lock (lockFn waits, or tries), and — only
 // when the lock is held — increments the key's fence and returns it, all
-// in one statement (one implicit transaction, committed before the reply).
+// in one statement (one implicit transaction, committed before the reply,
+// synchronously: see syncCommit).
 //
 // Returns (id, locked, fence): id NULL when the key has no row yet
 // (register it and run again); locked false when the try failed; fence NULL
@@ -324,9 +325,20 @@ SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), NULL::bigint`
 	}
 	return `WITH k AS (SELECT id FROM ` + p.table + ` WHERE key = $1),
 l AS MATERIALIZED (SELECT ` + lockExpr + ` AS ok FROM k),
-u AS (UPDATE ` + p.table + ` SET fence = fence + 1 WHERE id = (SELECT id FROM k) AND (SELECT ok FROM l) RETURNING fence)
-SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), (SELECT fence FROM u)`
+u AS (UPDATE ` + p.table + ` SET fence = fence + 1 WHERE id = (SELECT id FROM k) AND (SELECT ok FROM l) RETURNING fence),
+s AS MATERIALIZED (SELECT ` + syncCommit + `)
+SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), (SELECT fence FROM u) FROM s`
 }
+
+// syncCommit makes the acquire statement's transaction commit
+// synchronously, whatever the session's synchronous_commit: the fence must
+// reach the disk before the grant returns, or a crash would hand its token
+// out again. A server tuned with synchronous_commit off (or local, which
+// does not wait for a synchronous standby) gets on for this transaction
+// only (set_config's is_local); remote_write and remote_apply are kept. It
+// is set within the statement rather than as a startup parameter, which a
+// pooler in session mode may refuse.
+const syncCommit = `set_config('synchronous_commit', CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' ELSE current_setting('synchronous_commit') END, true)`
 
 func (p *Provider) prepareSQL() {
 	// pg_advisory_lock returns void, which IS NOT NULL.
