@@ -410,10 +410,7 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 
 	conn, err := p.pool.Acquire(wctx)
 	if err != nil {
-		if wctx.Err() != nil {
-			return p.waitEnded(ctx, wctx)
-		}
-		return nil, fmt.Errorf("pglock: connecting to PostgreSQL: %w", err)
+		return p.failed(ctx, wctx, fmt.Errorf("pglock: connecting to PostgreSQL: %w", err))
 	}
 	var l tenace.LockLease
 	l, leased, err = p.lock(ctx, wctx, conn, key, opts)
@@ -442,8 +439,8 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 			dead := conn.Conn().IsClosed()
 			p.unlockAll(conn)
 			discard(conn)
-			if wctx.Err() != nil {
-				l, err := p.waitEnded(ctx, wctx)
+			if wctx.Err() != nil || p.closed.Err() != nil {
+				l, err := p.failed(ctx, wctx, err)
 				return l, false, err
 			}
 			if dead && !reconnected {
@@ -453,15 +450,13 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 				// gone, and with it anything it held.
 				reconnected = true
 				if conn, err = p.pool.Acquire(wctx); err != nil {
-					if wctx.Err() != nil {
-						l, err := p.waitEnded(ctx, wctx)
-						return l, false, err
-					}
-					return nil, false, fmt.Errorf("pglock: acquiring %q: its connection ended, and reconnecting failed: %w", key, err)
+					l, err := p.failed(ctx, wctx, fmt.Errorf("pglock: acquiring %q: its connection ended, and reconnecting failed: %w", key, err))
+					return l, false, err
 				}
 				continue
 			}
-			return nil, false, fmt.Errorf("pglock: acquiring %q: %w", key, err)
+			l, err := p.failed(ctx, wctx, fmt.Errorf("pglock: acquiring %q: %w", key, err))
+			return l, false, err
 		case wctx.Err() != nil:
 			// The statement succeeded, but its context ended while it ran:
 			// cancel requests may still be on their way to this session,
@@ -481,11 +476,12 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 				// A failure, or a context that ended during the statement
 				// (a cancel may be on its way): never reuse the connection.
 				discard(conn)
-				if wctx.Err() != nil {
-					l, err := p.waitEnded(ctx, wctx)
-					return l, false, err
+				var l tenace.LockLease
+				if err != nil {
+					err = fmt.Errorf("pglock: registering the key %q in %s: %w", key, p.table, err)
 				}
-				return nil, false, fmt.Errorf("pglock: registering the key %q in %s: %w", key, p.table, err)
+				l, err = p.failed(ctx, wctx, err)
+				return l, false, err
 			}
 			registered = true
 			continue
@@ -520,6 +516,24 @@ func (p *Provider) unlockAll(conn *pgxpool.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), cancelGrace)
 	defer cancel()
 	_, _ = conn.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
+}
+
+// failed says why a step of Acquire failed with err: ctx's error when the
+// caller's context ended; the closed error when Close was called meanwhile
+// (the step may have failed because of it — a closed pool, a cancelled dial
+// or statement — before Close's cancellation of wctx ran); why the wait
+// ended when it did (see waitEnded); err otherwise.
+func (p *Provider) failed(ctx, wctx context.Context, err error) (tenace.LockLease, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if p.closed.Err() != nil {
+		return nil, p.closedErr()
+	}
+	if wctx.Err() != nil {
+		return p.waitEnded(ctx, wctx)
+	}
+	return nil, err
 }
 
 // waitEnded says why a wait ended without a grant: ctx's error when the
