@@ -72,7 +72,8 @@
 //     for each other in a cycle, which takes locks held across several
 //     keys in different orders (nested Locks).
 //   - A waiter whose connection died (after a server restart, say) tries
-//     once more on a new connection, and joins the end of the queue.
+//     once more on a live connection (see Errors), and joins the end of the
+//     queue.
 //
 // Release synchronizes before the Acquire it unblocks, in any process: the
 // unlock and the grant are one step in the server's lock manager.
@@ -165,5 +166,11 @@
 //
 // A failing statement returns its error at once (through a Lock, a
 // *tenace.UnexpectedError), except a statement whose connection had died,
-// which is tried once more on a new connection. Nothing else retries.
+// which is tried once more, on a connection found alive: the pool's idle
+// connections (which may have died together, after a server restart say)
+// are pinged one by one and the dead ones closed, up to WithMaxConns + 1 of
+// them, past which the pool dials a new one; all within the call's Timeout
+// and ctx. If that statement fails too (a connection that died between the
+// ping and the statement, or a server still down), its error is returned.
+// Nothing else retries.
 package pglock

@@ -439,24 +439,20 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 			dead := conn.Conn().IsClosed()
 			p.unlockAll(conn)
 			discard(conn)
-			if wctx.Err() != nil || p.closed.Err() != nil {
-				l, err := p.failed(ctx, wctx, err)
+			if !dead || reconnected || wctx.Err() != nil || p.closed.Err() != nil {
+				l, err := p.failed(ctx, wctx, fmt.Errorf("pglock: acquiring %q: %w", key, err))
 				return l, false, err
 			}
-			if dead && !reconnected {
-				// The connection had died (the pool's idle connections
-				// after a server restart, a backend terminated while
-				// waiting): try once more on a new one. Its session is
-				// gone, and with it anything it held.
-				reconnected = true
-				if conn, err = p.pool.Acquire(wctx); err != nil {
-					l, err := p.failed(ctx, wctx, fmt.Errorf("pglock: acquiring %q: its connection ended, and reconnecting failed: %w", key, err))
-					return l, false, err
-				}
-				continue
+			// The connection had died (the pool's idle connections after
+			// a server restart, a backend terminated while waiting): try
+			// once more on a live one. Its session is gone, and with it
+			// anything it held.
+			reconnected = true
+			if conn, err = p.reconnect(wctx); err != nil {
+				l, err := p.failed(ctx, wctx, fmt.Errorf("pglock: acquiring %q: its connection ended, and reconnecting failed: %w", key, err))
+				return l, false, err
 			}
-			l, err := p.failed(ctx, wctx, fmt.Errorf("pglock: acquiring %q: %w", key, err))
-			return l, false, err
+			continue
 		case wctx.Err() != nil:
 			// The statement succeeded, but its context ended while it ran:
 			// cancel requests may still be on their way to this session,
@@ -504,6 +500,33 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 		l, err := p.grant(conn, key, *id, token, opts)
 		return l, true, err
 	}
+}
+
+// reconnect returns a connection found alive, for the retry after a dead
+// one. The pool's idle connections may have died together (a server
+// restart, backends terminated), and the pool pings only those idle for
+// over a second: reconnect pings each it gets, closes a dead one and takes
+// another, up to maxConns+1 times — past the pool's idle connections, the
+// pool dials a new one. All within wctx.
+func (p *Provider) reconnect(wctx context.Context) (*pgxpool.Conn, error) {
+	var err error
+	for range p.maxConns + 1 {
+		var conn *pgxpool.Conn
+		if conn, err = p.pool.Acquire(wctx); err != nil {
+			return nil, err
+		}
+		err = conn.Ping(wctx)
+		if err == nil && wctx.Err() == nil {
+			return conn, nil
+		}
+		// Dead, or the wait ended during the ping (a cancel may be on its
+		// way): never reuse it.
+		discard(conn)
+		if wctx.Err() != nil {
+			return nil, wctx.Err()
+		}
+	}
+	return nil, err
 }
 
 // unlockAll releases every advisory lock of conn's session, best effort,

@@ -98,6 +98,34 @@ func TestFencingSurvivesACrashWithAsyncCommit(t *testing.T) {
 	require.Greater(t, tok, last, "a token handed out before the crash was handed out again")
 }
 
+// TestRetryAfterDeadConnFindsALiveOne: several idle connections of the
+// pool died together (their backends terminated), used less than a second
+// ago, so the pool does not ping them on Acquire: the statement on the
+// first fails, and the one retry must not land on another dead one.
+func TestRetryAfterDeadConnFindsALiveOne(t *testing.T) {
+	srv := server(t)
+	p := newProvider(t, srv, pglock.WithMaxConns(4))
+	var pids []uint32
+	var held []tenace.LockLease
+	for i := range 3 {
+		l := mustAcquire(t, p, keyOf(t, string(rune('a'+i))), tenace.LockAcquireOptions{})
+		pids = append(pids, pglock.BackendPID(l))
+		held = append(held, l)
+	}
+	for _, l := range held {
+		require.NoError(t, l.Release(bg))
+	}
+	for _, pid := range pids {
+		srv.Terminate(t, pid)
+	}
+	l, err := p.Acquire(bg, keyOf(t, "k"), tenace.LockAcquireOptions{Timeout: 10 * time.Second})
+	require.NoError(t, err, "the server is up: the retry must use a live connection")
+	require.NotNil(t, l)
+	require.NotContains(t, pids, pglock.BackendPID(l))
+	require.NoError(t, l.Release(bg))
+	require.Equal(t, tenace.LockStats{}, p.Stats())
+}
+
 // TestLostThroughAPolicy: the holder's backend is terminated while fn runs
 // under a Lock: fn's ctx ends with the lost cause, the step emits
 // lock.lost, and the next waiter gets the lock.
