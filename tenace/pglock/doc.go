@@ -143,7 +143,9 @@
 //     released right after — Lost closes first, then the unlock's round
 //     trip, so that the holder learns of the loss before anyone else can be
 //     granted the lock.
-//   - the provider is closed.
+//   - the provider is closed: every lease's Lost closes at once, before any
+//     unlock; the unlocks then run in parallel, so that a stalled backend
+//     holds up neither the other leases nor their locks (see Close).
 //
 // Release after a loss touches nothing and returns an error wrapping
 // tenace.ErrLeaseLost that says why. If the unlock itself fails (the server

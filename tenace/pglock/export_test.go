@@ -25,3 +25,11 @@ func SetReleaseTimeout(d time.Duration) (restore func()) {
 	releaseTimeout = d
 	return func() { releaseTimeout = old }
 }
+
+// SetEndTimeout sets the bound of the unlock of a lease lost to its TTL or
+// to Close, and returns a func that restores it.
+func SetEndTimeout(d time.Duration) (restore func()) {
+	old := endTimeout
+	endTimeout = d
+	return func() { endTimeout = old }
+}

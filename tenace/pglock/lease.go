@@ -151,14 +151,35 @@ var releaseTimeout = cleanupTimeout
 func (l *lease) reportLoss() bool { return l.reported.CompareAndSwap(false, true) }
 
 // end ends the lease as lost with cause (wrapping the lost error), if it is
-// still held: the TTL timer, the provider's Close.
+// still held: the TTL timer, a grant that finds the provider closed.
 func (l *lease) end(cause error) {
-	if l.state.CompareAndSwap(leaseHeld, leaseEnded) {
-		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-		defer cancel()
-		_ = l.finish(ctx, cause)
+	if l.lose(cause) {
+		l.unlockLost(cause)
 	}
 }
+
+// lose makes the caller the lease's ender, if it is still held, and
+// signals the loss (cause) at once; it reports whether it did. The ender
+// then calls unlockLost. Close loses every lease first, then unlocks them.
+func (l *lease) lose(cause error) bool {
+	if !l.state.CompareAndSwap(leaseHeld, leaseEnded) {
+		return false
+	}
+	l.Lose(cause)
+	return true
+}
+
+// unlockLost is finish for a lease that lose ended, bounded by endTimeout
+// (then the cancel's grace).
+func (l *lease) unlockLost(cause error) {
+	ctx, cancel := context.WithTimeout(context.Background(), endTimeout)
+	defer cancel()
+	_ = l.finish(ctx, cause)
+}
+
+// endTimeout bounds the unlock of a lease lost to its TTL or to Close (a
+// variable for tests).
+var endTimeout = cleanupTimeout
 
 // finish is run by the one ender: stop the TTL timer and the watcher; if
 // the connection died meanwhile, the lease is lost; otherwise unlock (or

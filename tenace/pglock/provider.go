@@ -581,9 +581,12 @@ func (p *Provider) closedErr() error {
 
 // Close ends the provider: waiting callers return an error wrapping
 // tenace.ErrProviderClosed, and so do later calls to Acquire; every lease
-// still held is lost (its Lost channel closes, fn's context ends) and its
-// lock released; then the pool is closed. It returns once every connection
-// is closed, and is idempotent.
+// still held is lost (all their Lost channels close at once, fn's context
+// ends), then their locks are released, all in parallel (each unlock
+// bounded by 5 s, then the cancel's grace of 2 s, after which its
+// connection is closed, which frees the lock as the server ends the
+// session); then the pool is closed. It returns once every connection is
+// closed, and is idempotent.
 func (p *Provider) Close() error {
 	p.ended.Do(func() {
 		p.close(tenace.ErrProviderClosed)
@@ -594,9 +597,17 @@ func (p *Provider) Close() error {
 			held = append(held, l)
 		}
 		p.mu.Unlock()
+		// Every lease learns of its loss first, at once; then the unlocks
+		// run in parallel, so that a stalled backend delays neither the
+		// other leases' Lost nor their unlock.
+		var wg sync.WaitGroup
 		for _, l := range held {
-			l.end(fmt.Errorf("%w: the provider was closed while the lock on %q was held", tenace.ErrLeaseLost, l.key))
+			cause := fmt.Errorf("%w: the provider was closed while the lock on %q was held", tenace.ErrLeaseLost, l.key)
+			if l.lose(cause) {
+				wg.Go(func() { l.unlockLost(cause) })
+			}
 		}
+		wg.Wait()
 		p.pool.Close()
 	})
 	return nil
