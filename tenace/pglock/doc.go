@@ -101,6 +101,8 @@
 //
 // The wait is bounded by the call's Timeout (on its Clock) and ctx only
 // (the provider's sessions set statement_timeout and lock_timeout to 0).
+// NoWait never waits for the lock, but it does wait for the server's
+// answer: on a server that does not answer, only ctx bounds it.
 // When either ends, the client sends the server a cancel request — again
 // every 20 ms until the statement ends, since a cancel that outruns its
 // statement is ignored — and Acquire returns once the server has answered:
@@ -161,7 +163,9 @@
 // SIGSTOP: the lock is free once it runs again).
 //
 // A holder that stalls (a long GC pause, a stopped process) keeps its lock
-// as long as its connection lives: there is no expiry on the server. Use a
+// as long as its connection lives: there is no expiry on the server (but a
+// server whose idle_session_timeout or a pooler's idle timeout is shorter
+// than a hold ends the session, and the lease is then lost, as above). Use a
 // TTL to bound the hold, and fencing tokens where a late write would harm.
 //
 // # Errors
