@@ -3,7 +3,6 @@ package shard
 import (
 	"context"
 	"math/bits"
-	"sync"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -30,10 +29,9 @@ type Options struct {
 // NewGroup and never change; all lock state lives in the shards' tables,
 // each owned by its shard goroutine.
 type Group struct {
-	opts    Options
-	shards  []*Shard
-	n       uint64
-	waiters sync.Pool // *waiter with its reply channel; per group, see getWaiter
+	opts   Options
+	shards []*Shard
+	n      uint64
 }
 
 // NewGroup starts opts.Shards shard goroutines. It panics if opts.Shards < 1.
@@ -97,17 +95,3 @@ func (g *Group) Stop() {
 		s.mb.Stop()
 	}
 }
-
-// getWaiter returns an idle waiter. Waiters are pooled per group, not per
-// process, so a group made inside a testing/synctest bubble never receives a
-// channel made in another bubble. A pooled waiter's channel is always empty
-// (every path that pools one has received its one reply).
-func (g *Group) getWaiter() *waiter {
-	if w, ok := g.waiters.Get().(*waiter); ok {
-		return w
-	}
-	// Buffer of one: the shard's reply never blocks (see waiter).
-	return &waiter{Value: make(chan reply, 1)}
-}
-
-func (g *Group) putWaiter(w *waiter) { g.waiters.Put(w) }

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -187,6 +188,9 @@ type Shard struct {
 	longest atomic.Int64
 	_       [64]byte
 
+	// waiters are this shard's idle waiters (see getWaiter).
+	waiters sync.Pool
+
 	// Owned by the loop goroutine, but for the table's atomics.
 	table  *Table[chan reply]
 	out    []delivery
@@ -361,8 +365,9 @@ func (s *Shard) stop() {
 //     who sees an error never holds the key.
 //
 // The waiter is pooled once its one reply is received, while the cancel may
-// still be queued; that is safe because every later use of the waiter is a
-// message sent after the cancel, which the mailbox delivers after it.
+// still be queued; that is safe because waiters are pooled per shard (see
+// getWaiter), so every later use of the waiter is a message sent to the
+// same mailbox after the cancel, which it delivers after it.
 func (s *Shard) Acquire(ctx context.Context, key string, mode Mode, timeout <-chan time.Time) (Outcome, error) {
 	kind := msgAcquire
 	switch mode {
@@ -372,10 +377,10 @@ func (s *Shard) Acquire(ctx context.Context, key string, mode Mode, timeout <-ch
 	default:
 		panic("tenace: shard.Acquire: invalid mode")
 	}
-	w := s.group.getWaiter()
+	w := s.getWaiter()
 	if err := s.mb.Send(ctx, message{kind: kind, key: key, w: w}); err != nil {
 		if err != ErrStopped {
-			s.group.putWaiter(w) // never sent: nothing will reply
+			s.putWaiter(w) // never sent: nothing will reply
 		} // else the shard may still reply to it: drop it
 		return Outcome{}, err
 	}
@@ -395,7 +400,7 @@ func (s *Shard) Acquire(ctx context.Context, key string, mode Mode, timeout <-ch
 	}
 	// The shard filled in r.grant before it sent the reply, and the receive
 	// happens after the send: reading it is ordered.
-	s.group.putWaiter(w)
+	s.putWaiter(w)
 	switch r.kind {
 	case replyGranted:
 		return Outcome{Granted: true, Token: r.grant.held.token, grant: r.grant}, nil
@@ -434,7 +439,7 @@ func (s *Shard) withdraw(w *waiter) (passedOn bool) {
 	// handled, so its one reply still comes (the grant, or "closed").
 	_ = s.mb.Send(context.Background(), message{kind: msgCancel, w: w})
 	r := <-w.Value
-	s.group.putWaiter(w)
+	s.putWaiter(w)
 	return r.kind == replyGranted
 }
 
@@ -456,12 +461,12 @@ func (s *Shard) Release(key string, token uint64) {
 // the call (by any goroutine whose send happened before), or ctx's error, or
 // ErrStopped.
 func (s *Shard) Sync(ctx context.Context) error {
-	w := s.group.getWaiter()
+	w := s.getWaiter()
 	if err := s.mb.Send(ctx, message{kind: msgSync, w: w}); err != nil {
 		return err
 	}
 	<-w.Value // handled before any stop: its reply comes
-	s.group.putWaiter(w)
+	s.putWaiter(w)
 	return nil
 }
 
@@ -475,3 +480,22 @@ func (s *Shard) Size() int { return s.table.Len() }
 func (s *Shard) Waiting() (waiting, longest int) {
 	return int(s.waiting.Load()), int(s.longest.Load())
 }
+
+// getWaiter returns an idle waiter of this shard. Waiters are pooled per
+// shard: a waiter is pooled once its one reply is received, while its
+// cancel may still be on this shard's mailbox (see withdraw), and only a
+// later message to the same mailbox is ordered after that cancel. Pooled
+// per group, a waiter could be reused on another shard and the stale
+// cancel applied to it there, by the wrong shard. Per shard, not per
+// process, also keeps a group made inside a testing/synctest bubble from
+// receiving a channel made in another bubble. A pooled waiter's channel is
+// always empty (every path that pools one has received its one reply).
+func (s *Shard) getWaiter() *waiter {
+	if w, ok := s.waiters.Get().(*waiter); ok {
+		return w
+	}
+	// Buffer of one: the shard's reply never blocks (see waiter).
+	return &waiter{Value: make(chan reply, 1)}
+}
+
+func (s *Shard) putWaiter(w *waiter) { s.waiters.Put(w) }

@@ -140,7 +140,7 @@ func TestShardAbortDuringGrantCancelArrivesFirst(t *testing.T) {
 	g, _ := newTestGroup(t, 1)
 	s := g.For("k")
 	tok := mustAcquire(t, s, "k")
-	w := g.getWaiter()
+	w := s.getWaiter()
 	send(t, s, message{kind: msgAcquire, key: "k", w: w})
 	send(t, s, message{kind: msgCancel, w: w})                  // the waiter gives up…
 	send(t, s, message{kind: msgRelease, key: "k", token: tok}) // …then the holder releases
@@ -153,7 +153,7 @@ func TestShardAbortDuringGrantGrantArrivesFirst(t *testing.T) {
 	g, _ := newTestGroup(t, 1)
 	s := g.For("k")
 	tok := mustAcquire(t, s, "k")
-	w, next := g.getWaiter(), g.getWaiter()
+	w, next := s.getWaiter(), s.getWaiter()
 	send(t, s, message{kind: msgAcquire, key: "k", w: w})
 	send(t, s, message{kind: msgAcquire, key: "k", w: next})
 	send(t, s, message{kind: msgRelease, key: "k", token: tok}) // the grant goes to w…
