@@ -777,3 +777,39 @@ func TestFnsContextEndsWhenItsLeaseExpires(t *testing.T) {
 		require.Equal(t, 1, fp.releaseCount(), "and it is still released")
 	})
 }
+
+// Nested Timeout steps: when the outer deadline fires, only the outer step
+// reports a TimeoutError and a timeout event; the inner one, whose own
+// deadline is an hour away, returns its inner steps' error unchanged.
+// (Every Timeout gave its context the same cause, and a context inherits
+// its parent's cause, so the inner step took the outer deadline for its
+// own: a TimeoutError of 1h inside one of 10ms, and two events.)
+func TestNestedTimeoutsReportOnlyTheDeadlineThatFired(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var rec recorder
+		pol := tenace.NewPolicy().WithTimeout(time.Hour).WithTimeout(10 * time.Millisecond).OnEvent(rec.on)
+		err := pol.Execute(bg, func(ctx context.Context) error {
+			<-ctx.Done()
+			return ctx.Err()
+		})
+		var te *tenace.TimeoutError
+		require.ErrorAs(t, err, &te)
+		require.Equal(t, 10*time.Millisecond, te.Timeout, "the outer step's deadline fired")
+		var inner *tenace.TimeoutError
+		require.False(t, errors.As(te.Err, &inner), "the 1h step reported a deadline that was not its own: %v", te.Err)
+		require.Equal(t, []string{tenace.EventTimeout + ":"}, rec.names(), "one deadline, one event")
+	})
+}
+
+// A Timeout step whose inner steps panic stops its timer on the way out,
+// as the Lock step releases its lock: nothing stays registered on the
+// clock (nor, with a real clock and a parent context that is not the
+// standard library's, a goroutine until the deadline).
+func TestATimeoutStepStopsItsTimerWhenFnPanics(t *testing.T) {
+	clock := fakeclock.New()
+	pol := tenace.NewPolicy().WithTimeout(time.Hour).WithClock(clock)
+	require.PanicsWithValue(t, "boom", func() {
+		_ = pol.Execute(bg, func(context.Context) error { panic("boom") })
+	})
+	require.Zero(t, clock.Pending(), "the step's timer is still on the clock")
+}

@@ -2,7 +2,6 @@ package policy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 )
@@ -66,19 +65,28 @@ type Timeout struct {
 // is reported by Run as an error wrapping [ErrInvalidOption].
 func NewTimeout(d time.Duration) *Timeout { return &Timeout{d: d} }
 
-// errOwnDeadline is the cause a Timeout gives its context, so that it can
-// tell its own deadline from the parent's end.
-var errOwnDeadline = errors.New("tenace: the WithTimeout deadline passed")
+// ownDeadline is the cause a Timeout gives its context, so that it can
+// tell its own deadline from the parent's end. Each run makes its own, and
+// compares by identity: a context inherits its parent's cause, so with one
+// shared value an inner Timeout would take an outer one's deadline for its
+// own.
+type ownDeadline struct{ d time.Duration }
+
+func (e *ownDeadline) Error() string {
+	return fmt.Sprintf("tenace: the WithTimeout(%v) deadline passed", e.d)
+}
 
 // Run implements [Strategy].
 func (t *Timeout) Run(ctx context.Context, x Execution, next Next) error {
 	if t.d <= 0 {
 		return fmt.Errorf("%w: WithTimeout(%v): the duration must be positive", ErrInvalidOption, t.d)
 	}
-	inner, cancel := WithTimeoutCause(ctx, x.Clock(), t.d, errOwnDeadline)
+	own := &ownDeadline{d: t.d}
+	inner, cancel := WithTimeoutCause(ctx, x.Clock(), t.d, own)
+	defer cancel() // also when the inner steps panic: the timer goes
 	err := next.Run(inner)
 	cancel() // from here the cause can no longer change
-	if context.Cause(inner) != errOwnDeadline {
+	if context.Cause(inner) != error(own) {
 		return err
 	}
 	terr := &TimeoutError{Timeout: t.d, Key: x.Key(), Err: err}
