@@ -106,13 +106,15 @@ func validate(key string, opts tenace.LockAcquireOptions) error {
 // With an opts.Clock other than the system's, the timeout runs on that
 // clock and ends the calls when it fires; their socket deadlines come from
 // ctx's deadline alone, which is real time.
-// One exception: the Pub/Sub connection all waiters share. Its SUBSCRIBE
-// and UNSUBSCRIBE are sent without the deadline (a timed-out write would
-// make go-redis close that connection), in order, one at a time. They wait
-// on the server only while that connection is being opened or, after it
-// broke, opened again: then a waiter that subscribes, and also one that
-// leaves (its Timeout or ctx ended, or it got the lock), waits for the
-// reconnect, for at most the client's dial and read timeouts.
+// The Pub/Sub connection all waiters share is written without the
+// deadline (a timed-out write would make go-redis close that connection):
+// its SUBSCRIBE and UNSUBSCRIBE are sent in order by a goroutine of the
+// connection. A waiter that subscribes waits for its SUBSCRIBE to be
+// written — at once on an open connection; while the connection is being
+// opened or, after it broke, opened again, until go-redis has opened it —
+// but never past its Timeout or ctx. A waiter that leaves (its Timeout or ctx
+// ended, or it got the lock) waits for nothing: its UNSUBSCRIBE, or the
+// connection's close, is sent after it returned.
 //
 // Invalid input: an empty key (an error wrapping tenace.ErrMissingKey), a
 // negative Timeout other than NoWait, a negative TTL or one under a
@@ -182,6 +184,9 @@ func (p *Provider) acquire(w waitCtx, a *attempt, noWait bool) (*lease, error) {
 	// the subscription would otherwise go unheard. The subscription shares
 	// the provider's one Pub/Sub connection.
 	sw, err := p.subs.subscribe(w.call, a.channel)
+	if errors.Is(err, errClosed) {
+		return nil, errClosed
+	}
 	if err != nil {
 		return nil, a.outcome(w, fmt.Errorf("redislock: subscribing to the release channel of %q: %w", a.key, err))
 	}

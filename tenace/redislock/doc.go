@@ -25,12 +25,12 @@
 // waiter of the key to try again at once (one release, one lock: waking
 // them all would only make the rest lose). All waiters of a Provider share
 // one Pub/Sub connection, open while anyone waits; a channel's SUBSCRIBE and
-// UNSUBSCRIBE are sent in the order its waiters came and went. In case a
-// message is lost (a reconnect, say) a waiter also retries after a jittered
-// fallback interval, and never waits past the holder's remaining PTTL, its
-// own Timeout or its context without trying again. Release runs one script
-// that deletes the key only if it still holds this grant's token, and
-// publishes the release.
+// UNSUBSCRIBE are sent, by a goroutine of that connection, in the order its
+// waiters came and went. In case a message is lost (a reconnect, say) a
+// waiter also retries after a jittered fallback interval, and never waits
+// past the holder's remaining PTTL, its own Timeout or its context without
+// trying again. Release runs one script that deletes the key only if it
+// still holds this grant's token, and publishes the release.
 //
 // # Keepalive and the lost signal
 //
@@ -113,10 +113,11 @@
 //     closed first, such a key can stay held for its first window (or its
 //     TTL, if shorter).
 //   - Timeout and ctx bound Acquire, Redis calls included, on a client with
-//     ContextTimeoutEnabled — except while the shared Pub/Sub connection is
-//     being opened, or re-opened after it broke (see Provider.Acquire); a
-//     ctx that ends during a call
-//     returns ctx's error, never the i/o error it caused.
+//     ContextTimeoutEnabled, also while the shared Pub/Sub connection is
+//     being opened, or re-opened after it broke: a waiter waits for its
+//     SUBSCRIBE no longer than its Timeout or ctx, and one that leaves does
+//     not wait for its UNSUBSCRIBE (see Provider.Acquire). A ctx that ends
+//     during a call returns ctx's error, never the i/o error it caused.
 //   - Release deletes the key only if it holds this grant's token; after a
 //     loss it returns an error wrapping ErrLeaseLost and never touches
 //     another holder's lock. A Release that failed can be called again; once one

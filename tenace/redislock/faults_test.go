@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -486,4 +487,190 @@ func TestATimeoutOnAManualClockRunsOnThatClock(t *testing.T) {
 	require.NoError(t, held.Release(bg))
 	next := mustAcquire(t, p, "clocked", tenace.LockAcquireOptions{Timeout: time.Hour, Clock: clock})
 	require.NoError(t, next.Release(bg))
+}
+
+// connTracker is a client's Dialer that keeps every connection it opened,
+// by local address, so that a test can break one from the client's side.
+// After holdNext, the next dial waits (it reports on held) until release
+// or the end of its context.
+type connTracker struct {
+	mu      sync.Mutex
+	conns   map[string]net.Conn
+	hold    bool
+	held    chan struct{}
+	release chan struct{}
+}
+
+func (d *connTracker) holdNext() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.hold, d.held, d.release = true, make(chan struct{}), make(chan struct{})
+}
+
+func (d *connTracker) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d.mu.Lock()
+	hold, held, release := d.hold, d.held, d.release
+	d.hold = false
+	d.mu.Unlock()
+	if hold {
+		close(held)
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	var nd net.Dialer
+	cn, err := nd.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.conns == nil {
+		d.conns = map[string]net.Conn{}
+	}
+	d.conns[cn.LocalAddr().String()] = cn
+	return cn, nil
+}
+
+func (d *connTracker) conn(addr string) net.Conn {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.conns[addr]
+}
+
+// subscriberAddr returns the client address (as the server sees it: the
+// local address of the client's socket) of the one connection subscribed
+// to a channel, from CLIENT LIST.
+func subscriberAddr(t *testing.T, c redis.UniversalClient) string {
+	t.Helper()
+	list, err := c.ClientList(bg).Result()
+	require.NoError(t, err)
+	for line := range strings.Lines(list) {
+		fields := strings.Fields(line)
+		if !slices.Contains(fields, "sub=1") {
+			continue
+		}
+		for _, f := range fields {
+			if addr, ok := strings.CutPrefix(f, "addr="); ok {
+				return addr
+			}
+		}
+	}
+	t.Fatalf("no connection subscribed to one channel in CLIENT LIST:\n%s", list)
+	return ""
+}
+
+// A waiter that leaves (here, at its Timeout) does not wait for the shared
+// Pub/Sub connection: its UNSUBSCRIBE, or the connection's close, is sent
+// by the connection's own goroutine. Before, a waiter that left while
+// go-redis re-opened that connection (broken while the server stalled: the
+// dial succeeds, the handshake waits for the server) waited in
+// PubSub.Close for the handshake's read timeout, 3 s by default, and
+// Acquire returned that much past its Timeout.
+func TestALeavingWaiterIsNotHeldByAPubSubReconnect(t *testing.T) {
+	srv := redistest.Start(t)
+	c := deadlineClient(t, srv.Addr)
+	holder := newProvider(t, c)
+	held := mustAcquire(t, holder, "k", tenace.LockAcquireOptions{TTL: time.Hour})
+	tracker := &connTracker{}
+	wc := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, DialTimeout: time.Second, Dialer: tracker.dial})
+	t.Cleanup(func() { _ = wc.Close() })
+	p := newProvider(t, wc, redislock.WithRetryInterval(time.Hour))
+	warm(t, wc, p)
+
+	const timeout = 500 * time.Millisecond
+	start := time.Now()
+	r := acquireAsync(bg, p, "k", tenace.LockAcquireOptions{Timeout: timeout})
+	waitSubscribed(t, c, "k", 1)
+	cn := tracker.conn(subscriberAddr(t, c))
+	require.NotNil(t, cn, "the Pub/Sub connection is the waiter client's")
+
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	_ = cn.Close() // go-redis re-opens it: the dial succeeds, the handshake waits for the server
+	got := <-r
+	took := time.Since(start)
+	srv.Resume()
+	resumed = true
+	t.Logf("a waiter that timed out while the shared Pub/Sub connection was re-opened on a stalled server returned after %v (Timeout %v)", took.Round(time.Millisecond), timeout)
+	require.NoError(t, got.err)
+	require.Nil(t, got.lease)
+	require.Less(t, took, timeout+300*time.Millisecond, "returned at its Timeout, not at the reconnect's read timeout")
+	require.NoError(t, held.Release(bg))
+}
+
+// The same without a stalled server, and for a waiter that subscribes: while
+// go-redis re-opens the shared Pub/Sub connection (its dial held here), a
+// newcomer's wait for its SUBSCRIBE ends at its Timeout, and a waiter whose
+// ctx ends returns at once. Before, the newcomer waited for the dial (up
+// to the client's DialTimeout, 5 s here).
+func TestWaitersAreNotHeldByAPubSubReconnectInProgress(t *testing.T) {
+	srv := redistest.Start(t)
+	c := deadlineClient(t, srv.Addr)
+	holder := newProvider(t, c)
+	heldA := mustAcquire(t, holder, "a", tenace.LockAcquireOptions{TTL: time.Hour})
+	heldB := mustAcquire(t, holder, "b", tenace.LockAcquireOptions{TTL: time.Hour})
+	tracker := &connTracker{}
+	wc := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, DialTimeout: 5 * time.Second, Dialer: tracker.dial})
+	t.Cleanup(func() { _ = wc.Close() })
+	p := newProvider(t, wc, redislock.WithRetryInterval(time.Hour))
+	warm(t, wc, p)
+
+	actx, cancelA := context.WithCancel(bg)
+	defer cancelA()
+	ra := acquireAsync(actx, p, "a", tenace.LockAcquireOptions{})
+	waitSubscribed(t, c, "a", 1)
+	cn := tracker.conn(subscriberAddr(t, c))
+	require.NotNil(t, cn, "the Pub/Sub connection is the waiter client's")
+	tracker.holdNext()
+	released := false
+	defer func() {
+		if !released {
+			close(tracker.release)
+		}
+	}()
+	_ = cn.Close()
+	<-tracker.held // go-redis is re-opening the connection, its mutex held
+
+	// The held dial lasts until the test releases it: a caller held by it
+	// would never return, so each is given up on after a bound (the
+	// deferred release then lets it return).
+	const timeout, bound = 300 * time.Millisecond, 3 * time.Second
+	returned := func(r <-chan result, who string) result {
+		t.Helper()
+		select {
+		case got := <-r:
+			return got
+		case <-time.After(bound):
+			t.Fatalf("%s still waiting after %v, for the reconnect", who, bound)
+			return result{}
+		}
+	}
+	start := time.Now()
+	got := returned(acquireAsync(bg, p, "b", tenace.LockAcquireOptions{Timeout: timeout}), "a newcomer with a Timeout of 300ms")
+	tookB := time.Since(start)
+	require.NoError(t, got.err)
+	require.Nil(t, got.lease)
+
+	start = time.Now()
+	cancelA()
+	got = returned(ra, "a waiter whose ctx was cancelled")
+	tookA := time.Since(start)
+	require.ErrorIs(t, got.err, context.Canceled)
+	require.Nil(t, got.lease)
+	t.Logf("during a Pub/Sub reconnect: a newcomer returned after %v (Timeout %v); a waiter whose ctx was cancelled, %v after", tookB.Round(time.Millisecond), timeout, tookA.Round(time.Millisecond))
+	require.Less(t, tookB, timeout+300*time.Millisecond, "the newcomer returned at its Timeout, not at the reconnect's end")
+	require.Less(t, tookA, 300*time.Millisecond, "the leaving waiter did not wait for the reconnect")
+
+	close(tracker.release)
+	released = true
+	require.NoError(t, heldA.Release(bg))
+	require.NoError(t, heldB.Release(bg))
 }

@@ -45,10 +45,12 @@ const (
 // Provider is a tenace.LockProvider on Redis. It is safe for concurrent use;
 // create it with New and Close it when done.
 //
-// Goroutines: while callers wait, one reads the shared Pub/Sub connection;
-// while acquires whose outcome is unknown are being undone, one runs the
-// voids; while a lease's renewal is on the wire, one per renewal (renewals
-// are timers, not goroutines, between calls). When idle, none.
+// Goroutines: while callers wait, two for the shared Pub/Sub connection
+// (one reads it, one sends its SUBSCRIBEs and UNSUBSCRIBEs), which end once
+// the last waiter has left and the connection is closed; while acquires
+// whose outcome is unknown are being undone, one runs the voids; while a
+// lease's renewal is on the wire, one per renewal (renewals are timers,
+// not goroutines, between calls). When idle, none.
 type Provider struct {
 	client   redis.UniversalClient
 	prefix   string
@@ -215,7 +217,12 @@ func CheckClient(client redis.UniversalClient) error {
 // ends a call when its context's deadline passes (on a client with
 // ContextTimeoutEnabled; else at its ReadTimeout), not when the context is
 // cancelled. A renewal's deadline is the lease's expiry, at most one window
-// away; a void call's, one second.
+// away; a void call's, one second. Close also closes the shared Pub/Sub
+// connection and waits for its goroutines, and for those of connections
+// closed earlier (when their last waiter left): at once, unless go-redis is
+// opening or re-opening one on a server that does not answer; that holds
+// its close for up to the client's DialTimeout and ReadTimeout (5s and 3s
+// by default; with a ReadTimeout of -1, until the server answers).
 func (p *Provider) Close() error {
 	p.mu.Lock()
 	if p.closed {
@@ -233,6 +240,7 @@ func (p *Provider) Close() error {
 		l.lose(errProviderClosedLost)
 	}
 	p.halt()
+	p.subs.close()
 	p.voids.close()
 	p.bg.Wait()
 	return nil

@@ -14,36 +14,81 @@ import (
 // Provider, so that waiting for a lock costs a SUBSCRIBE on a connection
 // that is already open, not a new connection per wait.
 //
-// Concurrency: mu guards every field below it. A receive goroutine runs
-// while at least one waiter is registered; it exits, closing its
-// connection, when the last one leaves (so an idle Provider holds no
-// goroutine and no connection).
+// Concurrency: mu guards every field below it, and each connection's ops
+// and pending. A connection (pubsubConn) is opened by the first waiter and
+// has two goroutines: one receives, one sends its SUBSCRIBEs, UNSUBSCRIBEs
+// and finally its close, from a queue (ops). The last waiter to leave
+// queues the close and forgets the connection, whose goroutines then end
+// on their own (so an idle Provider holds no connection, and its goroutines
+// only until the close is through); the next waiter opens another. close
+// (at Provider.Close) closes the current one and waits for the goroutines
+// of all of them.
+//
+// No waiter waits on the network to leave: a go-redis PubSub holds its
+// mutex while it re-opens a broken connection (dial and handshake), and a
+// leaving waiter that called Unsubscribe or Close itself would wait for
+// that, on a stalled server for the client's read timeout. A leaving
+// waiter only queues; a subscribing one waits for its SUBSCRIBE's write,
+// and for no longer than its ctx.
 //
 // Order: a channel's SUBSCRIBE and UNSUBSCRIBE must reach the server in the
 // order its waiter count changed. The obvious way — change the count under
 // mu, send after unlocking — lets a leaving waiter's UNSUBSCRIBE overtake
 // the SUBSCRIBE of a waiter that arrived just after it: the server then has
 // no subscription while a waiter waits, and that waiter hears no release
-// until its fallback retry. So send is held from the count change through
-// the send (send before mu; the receive goroutine takes only mu, so it
-// never waits for a send). And since a SUBSCRIBE's reply can arrive after
-// the channel was unsubscribed and subscribed again, replies are counted
-// per channel (pending): only the reply to the last SUBSCRIBE sent
-// confirms the current subscription.
+// until its fallback retry. So each count change queues its command under
+// mu, in the same critical section, and the one sender sends the queue in
+// order (the receive goroutine takes only mu, so it never waits for a
+// send). And since a SUBSCRIBE's reply can arrive after the channel was
+// unsubscribed and subscribed again, replies are counted per channel
+// (pending): only the reply to the last SUBSCRIBE queued confirms the
+// current subscription.
 type subscriber struct {
 	client redis.UniversalClient
-	send   sync.Mutex // held while a waiter registers or leaves, sends included
+	conns  sync.WaitGroup // the goroutines of every connection, current and closing
 
 	mu       sync.Mutex
-	ps       *redis.PubSub            // nil while nobody waits
+	conn     *pubsubConn              // nil while nobody waits, and once closed
 	channels map[string]*subscription // by channel
-	pending  map[string]int           // SUBSCRIBE replies still to come, by channel
 	waiters  int
-	stopped  chan struct{} // closed when the current receive goroutine exits
+	closed   bool // by close: no connection is opened again
 
 	// Published for Stats (written under mu, read without it).
 	nWaiting atomic.Int64 // = waiters
 	nLongest atomic.Int64 // the most waiters of one channel
+}
+
+// pubsubConn is one Pub/Sub connection and its queue of commands to send.
+// ops and pending are guarded by subscriber.mu.
+type pubsubConn struct {
+	ps      *redis.PubSub
+	ops     []op           // to send, in order; a close is the last
+	ready   chan struct{}  // buffer 1: ops is not empty
+	pending map[string]int // SUBSCRIBE replies still to come, by channel
+}
+
+// op is a command for a connection's sender.
+type op struct {
+	kind    opKind
+	channel string
+	sent    chan error // opSubscribe: buffer 1, the write's outcome
+}
+
+type opKind int
+
+const (
+	opSubscribe opKind = iota
+	opUnsubscribe
+	opClose
+)
+
+// queue adds o to the connection's queue; mu held.
+func (c *pubsubConn) queue(o op) {
+	c.ops = append(c.ops, o)
+	select {
+	case c.ready <- struct{}{}:
+	default: // the sender has been told already
+	}
 }
 
 // subscription is one channel's waiters, oldest first.
@@ -82,29 +127,42 @@ type wait struct {
 }
 
 func newSubscriber(c redis.UniversalClient) *subscriber {
-	return &subscriber{client: c, channels: map[string]*subscription{}, pending: map[string]int{}}
+	return &subscriber{client: c, channels: map[string]*subscription{}}
 }
 
-// subscribe registers a waiter on channel and sends the SUBSCRIBE if the
-// channel has none yet. A release published after w.sub.confirmed is closed
-// is heard; until then the caller must keep trying (see Acquire).
+// subscribe registers a waiter on channel and, if the channel has none yet,
+// queues its SUBSCRIBE and waits for it to be written, or for ctx to end.
+// A release published after w.sub.confirmed is closed is heard; until then
+// the caller must keep trying (see Acquire).
 func (s *subscriber) subscribe(ctx context.Context, channel string) (*wait, error) {
-	s.send.Lock()
-	defer s.send.Unlock()
 	s.mu.Lock()
-	if s.ps == nil {
-		// A new connection: no reply of the old one will come.
-		clear(s.pending)
-		s.ps = s.client.Subscribe(context.WithoutCancel(ctx)) // connects on first SUBSCRIBE
-		s.stopped = make(chan struct{})
-		go s.receive(s.ps, s.stopped)
+	if s.closed {
+		s.mu.Unlock()
+		return nil, errClosed
+	}
+	c := s.conn
+	if c == nil {
+		// A new connection, with nothing pending: no reply of an old one
+		// reaches it.
+		c = &pubsubConn{
+			ps:      s.client.Subscribe(context.WithoutCancel(ctx)), // connects on first use
+			ready:   make(chan struct{}, 1),
+			pending: map[string]int{},
+		}
+		s.conn = c
+		s.conns.Add(2)
+		go s.send(c)
+		go s.receive(c)
 	}
 	sub := s.channels[channel]
 	first := sub == nil
+	var sent chan error
 	if first {
 		sub = &subscription{confirmed: make(chan struct{})}
 		s.channels[channel] = sub
-		s.pending[channel]++
+		c.pending[channel]++
+		sent = make(chan error, 1)
+		c.queue(op{kind: opSubscribe, channel: channel, sent: sent})
 	}
 	w := &wait{channel: channel, sub: sub, wake: make(chan struct{}, 1)}
 	sub.waiters = append(sub.waiters, w)
@@ -113,48 +171,40 @@ func (s *subscriber) subscribe(ctx context.Context, channel string) (*wait, erro
 	if n := int64(len(sub.waiters)); n > s.nLongest.Load() {
 		s.nLongest.Store(n)
 	}
-	ps := s.ps
 	s.mu.Unlock()
 
 	if first {
-		// Without ctx's deadline: go-redis closes and redials a Pub/Sub
-		// connection whose write timed out, so one waiter's short deadline
-		// would break the connection every waiter shares (and lose the
-		// messages in flight). The write itself is a few bytes into a
-		// socket buffer; only a (re)connect waits on the server.
-		if err := ps.Subscribe(context.WithoutCancel(ctx), channel); err != nil {
-			s.mu.Lock()
-			if s.pending[channel]--; s.pending[channel] <= 0 { // most likely never sent: expect no reply
-				delete(s.pending, channel)
-			}
-			s.mu.Unlock()
-			s.remove(w, false)
+		// The write is quick on an open connection; on one being opened, or
+		// re-opened after it broke, it waits for the server, and the
+		// waiter waits no longer than ctx. (The write itself has no
+		// deadline: see send.)
+		var err error
+		select {
+		case err = <-sent:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		if err != nil {
+			s.unsubscribe(w, false)
 			return nil, err
 		}
 	}
 	return w, nil
 }
 
-// unsubscribe removes w; the last waiter of a channel unsubscribes it, and
-// the last waiter of all closes the connection and stops the goroutine. A
-// waiter that leaves without the lock (acquired false) hands a wake-up on.
+// unsubscribe removes w; the last waiter of a channel queues its
+// UNSUBSCRIBE, and the last waiter of all queues the connection's close,
+// and none waits for them. A waiter that leaves without the lock
+// (acquired false) hands a wake-up on.
 func (s *subscriber) unsubscribe(w *wait, acquired bool) {
-	s.send.Lock()
-	defer s.send.Unlock()
-	s.remove(w, acquired)
-}
-
-// remove is unsubscribe with send held.
-func (s *subscriber) remove(w *wait, acquired bool) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	sub := s.channels[w.channel]
 	if sub == nil || sub != w.sub {
-		s.mu.Unlock()
 		return
 	}
 	i := slices.Index(sub.waiters, w)
 	if i < 0 {
-		s.mu.Unlock()
 		return
 	}
 	sub.waiters = slices.Delete(sub.waiters, i, i+1)
@@ -170,50 +220,104 @@ func (s *subscriber) remove(w *wait, acquired bool) {
 		}
 		s.nLongest.Store(int64(longest))
 	}
-	ps := s.ps
-	var stopped chan struct{}
 	lastOfChannel := len(sub.waiters) == 0
 	if lastOfChannel {
 		delete(s.channels, w.channel)
 	}
-	if s.waiters == 0 {
-		s.ps, stopped = nil, s.stopped
-	}
-	s.mu.Unlock()
+	c := s.conn
 	switch {
-	case stopped != nil:
-		_ = ps.Close() // ends Receive in the goroutine
-		<-stopped
+	case c == nil: // closed: nothing to send
+	case s.waiters == 0:
+		s.conn = nil
+		c.queue(op{kind: opClose}) // ends Receive in the receive goroutine
 	case lastOfChannel:
-		_ = ps.Unsubscribe(context.Background(), w.channel) // best effort: a stray message only wakes nobody
+		c.queue(op{kind: opUnsubscribe, channel: w.channel}) // best effort: a stray message only wakes nobody
 	}
 }
 
-// receive reads the connection until it is closed: confirmations release
-// the subscribers' waits, release messages wake the channel's waiters, and
-// an error (the connection broke; go-redis reconnects and resubscribes on
-// the next Receive) wakes every waiter to try again at once.
-func (s *subscriber) receive(ps *redis.PubSub, stopped chan struct{}) {
-	defer close(stopped)
+// close closes the current connection, refuses new ones, and waits for the
+// goroutines of every connection to end: at once, unless go-redis is
+// opening or re-opening one, which holds its commands (the close included)
+// for up to the client's dial and read timeouts on a stalled server.
+// Waiters still registered stay so until they leave (Acquire's callers
+// return at Provider.Close); nothing is sent for them.
+func (s *subscriber) close() {
+	s.mu.Lock()
+	s.closed = true
+	if c := s.conn; c != nil {
+		s.conn = nil
+		c.queue(op{kind: opClose})
+	}
+	s.mu.Unlock()
+	s.conns.Wait()
+}
+
+// send sends c's queued commands, in order, until its close. A SUBSCRIBE
+// is sent without its waiter's deadline: go-redis closes and redials a
+// Pub/Sub connection whose write timed out, so one waiter's short deadline
+// would break the connection every waiter shares (and lose the messages in
+// flight). The write itself is a few bytes into a socket buffer; only a
+// (re)connect waits on the server, which go-redis bounds by the client's
+// dial and read timeouts.
+func (s *subscriber) send(c *pubsubConn) {
+	defer s.conns.Done()
+	for {
+		s.mu.Lock()
+		for len(c.ops) == 0 {
+			s.mu.Unlock()
+			<-c.ready
+			s.mu.Lock()
+		}
+		o := c.ops[0]
+		c.ops[0] = op{}
+		c.ops = c.ops[1:]
+		s.mu.Unlock()
+		switch o.kind {
+		case opSubscribe:
+			err := c.ps.Subscribe(context.Background(), o.channel)
+			if err != nil {
+				s.mu.Lock()
+				if c.pending[o.channel]--; c.pending[o.channel] <= 0 { // most likely never sent: expect no reply
+					delete(c.pending, o.channel)
+				}
+				s.mu.Unlock()
+			}
+			o.sent <- err
+		case opUnsubscribe:
+			_ = c.ps.Unsubscribe(context.Background(), o.channel)
+		case opClose:
+			_ = c.ps.Close()
+			return
+		}
+	}
+}
+
+// receive reads c until it is closed: confirmations release the
+// subscribers' waits, release messages wake the channel's waiters, and an
+// error (the connection broke; go-redis reconnects and resubscribes on the
+// next Receive) wakes every waiter to try again at once. Once c is no
+// longer the current connection, it reads nothing more for the waiters and
+// returns (the close queued by the last waiter ends a Receive in progress).
+func (s *subscriber) receive(c *pubsubConn) {
+	defer s.conns.Done()
 	backoff := time.NewTimer(0)
 	<-backoff.C
 	defer backoff.Stop()
 	for {
-		msg, err := ps.Receive(context.Background())
+		msg, err := c.ps.Receive(context.Background())
 		s.mu.Lock()
-		closed := s.ps != ps
-		if closed {
+		if s.conn != c {
 			s.mu.Unlock()
 			return
 		}
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			if m.Kind == "subscribe" {
-				n := s.pending[m.Channel] - 1 // below 0 after a reset: a resubscription's reply
+				n := c.pending[m.Channel] - 1 // below 0 after a reset: a resubscription's reply
 				if n > 0 {
-					s.pending[m.Channel] = n
+					c.pending[m.Channel] = n
 				} else {
-					delete(s.pending, m.Channel)
+					delete(c.pending, m.Channel)
 				}
 				if sub := s.channels[m.Channel]; sub != nil && n <= 0 && !sub.isConf {
 					sub.isConf = true
@@ -228,7 +332,7 @@ func (s *subscriber) receive(ps *redis.PubSub, stopped chan struct{}) {
 		if err != nil {
 			// go-redis resubscribes every channel on the new connection;
 			// the replies to come are those.
-			clear(s.pending)
+			clear(c.pending)
 			for _, sub := range s.channels {
 				for _, w := range sub.waiters {
 					notify(w) // a message may be lost: everyone tries
