@@ -230,7 +230,7 @@ func (p *MemoryLockProvider) wait(ctx context.Context, key string, timeout <-cha
 
 // startTimer returns a running timer from the pool. Pooling is safe since
 // Go 1.23's timers (go.mod says 1.25): after Stop, no stale tick is ever
-// received from C.
+// received from C (and stopTimer pools only timers that never fired).
 func (p *MemoryLockProvider) startTimer(d time.Duration) *time.Timer {
 	if t, ok := p.timers.Get().(*time.Timer); ok {
 		t.Reset(d)
@@ -240,8 +240,14 @@ func (p *MemoryLockProvider) startTimer(d time.Duration) *time.Timer {
 }
 
 func (p *MemoryLockProvider) stopTimer(t *time.Timer) {
-	t.Stop()
-	p.timers.Put(t)
+	// Only a timer stopped before it fired goes back to the pool. A fired
+	// one has no tick left since Go 1.23, but with GODEBUG=asynctimerchan=1
+	// (the old timers, which a program may still ask for) its tick may
+	// land in C later, even after a drain, and the timer's next user would
+	// take it for its own timeout. Timeouts that fire are the rare path.
+	if t.Stop() {
+		p.timers.Put(t)
+	}
 }
 
 // Size is the number of keys held or waited for. It is exact once the
