@@ -75,7 +75,7 @@ const (
 // mu guards the rest. It is held across no server call: Release never
 // waits for a renewal, and neither a renewal callback nor Close waits for
 // a Release's call (a second Release waits for the first's outcome, on
-// releasing); a renewal that reaches the server after the release finds
+// released); a renewal that reaches the server after the release finds
 // the key gone (or another's) and changes nothing, and its reply is
 // ignored. mu is taken before the provider's mu, never after.
 // Every armed timer and every timer callback running counts one in the
@@ -96,7 +96,8 @@ type lease struct {
 	lossT  *time.Timer // fires at expiry
 	unsure bool        // a release call failed: it may have deleted the key
 
-	releasing chan struct{} // closed when the Release call in flight, if any, has its outcome
+	releasing bool          // a Release's call is in flight
+	released  chan struct{} // made by a Release that waits for it; closed when it has its outcome
 }
 
 var (
@@ -290,10 +291,14 @@ func (l *lease) stopLocked() {
 func (l *lease) Release(ctx context.Context) error {
 	a := l.a
 	l.mu.Lock()
-	for l.releasing != nil {
+	for l.releasing {
 		// Another Release's call is on its way: its outcome decides this
-		// one's (that call is bounded like any release).
-		inFlight := l.releasing
+		// one's (that call is bounded like any release). The channel is
+		// made only here: a lone Release allocates none.
+		if l.released == nil {
+			l.released = make(chan struct{})
+		}
+		inFlight := l.released
 		l.mu.Unlock()
 		select {
 		case <-inFlight:
@@ -320,8 +325,7 @@ func (l *lease) Release(ctx context.Context) error {
 	// on a stalled server. Nothing else moves the state meanwhile: the
 	// renewals and Close act only on a held lease, and a concurrent
 	// Release waits for this one above.
-	inFlight := make(chan struct{})
-	l.releasing = inFlight
+	l.releasing = true
 	l.mu.Unlock()
 	if _, ok := ctx.Deadline(); !ok {
 		// A ctx without a deadline (the Lock step releases with one) is
@@ -335,8 +339,11 @@ func (l *lease) Release(ctx context.Context) error {
 	n, err := l.releaseCall(ctx)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.releasing = nil
-	close(inFlight)
+	l.releasing = false
+	if l.released != nil {
+		close(l.released) // wakes the Releases that waited for this one
+		l.released = nil
+	}
 	if lost {
 		l.state = stateDone
 		return fmt.Errorf("redislock: releasing %q: %w", a.key, l.Err())
