@@ -239,7 +239,7 @@ func (p *Provider) nextWait(holderTTL time.Duration) time.Duration {
 // try runs the acquire script once (go-redis may send it more than once).
 func (a *attempt) try(ctx context.Context) (*lease, time.Duration, error) {
 	start := time.Now() // before the send: the local expiry is never after Redis's
-	res, err := acquireScript.Run(ctx, a.p.client, []string{a.lockKey, a.fenceKey, a.voidKey}, a.token, a.pxMS).Int64Slice()
+	res, err := a.run(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -254,6 +254,11 @@ func (a *attempt) try(ctx context.Context) (*lease, time.Duration, error) {
 	default: // voided: only after Acquire returned, so never seen by a live one
 		return nil, 0, errors.New("the acquire was voided")
 	}
+}
+
+// run runs the acquire script once and returns its reply.
+func (a *attempt) run(ctx context.Context) ([]int64, error) {
+	return acquireScript.Run(ctx, a.p.client, []string{a.lockKey, a.fenceKey, a.voidKey}, a.token, a.pxMS).Int64Slice()
 }
 
 // outcomeWait bounds how long outcome waits for a context whose deadline

@@ -16,8 +16,7 @@ func RunReleaseScript(ctx context.Context, l tenace.LockLease) (int, error) {
 // copy of it that reaches the server late would, and returns the first
 // element of its reply: 1 granted, 0 held by another token, -1 voided.
 func RunAcquireScript(ctx context.Context, l tenace.LockLease) (int64, error) {
-	a := l.(*lease).a
-	res, err := acquireScript.Run(ctx, a.p.client, []string{a.lockKey, a.fenceKey, a.voidKey}, a.token, a.pxMS).Int64Slice()
+	res, err := l.(*lease).a.run(ctx)
 	if err != nil {
 		return 0, err
 	}

@@ -534,10 +534,29 @@ func (d *connTracker) dial(ctx context.Context, network, addr string) (net.Conn,
 	return cn, nil
 }
 
-func (d *connTracker) conn(addr string) net.Conn {
+// pubsubConn returns the client's side of the one connection subscribed to
+// a channel, found through c (another client) in CLIENT LIST.
+func (d *connTracker) pubsubConn(t *testing.T, c redis.UniversalClient) net.Conn {
+	t.Helper()
+	addr := subscriberAddr(t, c)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.conns[addr]
+	cn := d.conns[addr]
+	require.NotNil(t, cn, "the Pub/Sub connection is the tracked client's")
+	return cn
+}
+
+// trackedProvider is a provider (fallback retries an hour apart: only a
+// release message or a broken connection wakes its waiters) on a client
+// of its own whose connections the returned tracker keeps, warmed up.
+func trackedProvider(t *testing.T, addr string, dialTimeout time.Duration) (*connTracker, *redislock.Provider) {
+	t.Helper()
+	tracker := &connTracker{}
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, DialTimeout: dialTimeout, Dialer: tracker.dial})
+	t.Cleanup(func() { _ = c.Close() })
+	p := newProvider(t, c, redislock.WithRetryInterval(time.Hour))
+	warm(t, c, p)
+	return tracker, p
 }
 
 // subscriberAddr returns the client address (as the server sees it: the
@@ -574,18 +593,13 @@ func TestALeavingWaiterIsNotHeldByAPubSubReconnect(t *testing.T) {
 	c := deadlineClient(t, srv.Addr)
 	holder := newProvider(t, c)
 	held := mustAcquire(t, holder, "k", tenace.LockAcquireOptions{TTL: time.Hour})
-	tracker := &connTracker{}
-	wc := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, DialTimeout: time.Second, Dialer: tracker.dial})
-	t.Cleanup(func() { _ = wc.Close() })
-	p := newProvider(t, wc, redislock.WithRetryInterval(time.Hour))
-	warm(t, wc, p)
+	tracker, p := trackedProvider(t, srv.Addr, time.Second)
 
 	const timeout = 500 * time.Millisecond
 	start := time.Now()
 	r := acquireAsync(bg, p, "k", tenace.LockAcquireOptions{Timeout: timeout})
 	waitSubscribed(t, c, "k", 1)
-	cn := tracker.conn(subscriberAddr(t, c))
-	require.NotNil(t, cn, "the Pub/Sub connection is the waiter client's")
+	cn := tracker.pubsubConn(t, c)
 
 	srv.Pause()
 	resumed := false
@@ -617,18 +631,13 @@ func TestWaitersAreNotHeldByAPubSubReconnectInProgress(t *testing.T) {
 	holder := newProvider(t, c)
 	heldA := mustAcquire(t, holder, "a", tenace.LockAcquireOptions{TTL: time.Hour})
 	heldB := mustAcquire(t, holder, "b", tenace.LockAcquireOptions{TTL: time.Hour})
-	tracker := &connTracker{}
-	wc := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, DialTimeout: 5 * time.Second, Dialer: tracker.dial})
-	t.Cleanup(func() { _ = wc.Close() })
-	p := newProvider(t, wc, redislock.WithRetryInterval(time.Hour))
-	warm(t, wc, p)
+	tracker, p := trackedProvider(t, srv.Addr, 5*time.Second)
 
 	actx, cancelA := context.WithCancel(bg)
 	defer cancelA()
 	ra := acquireAsync(actx, p, "a", tenace.LockAcquireOptions{})
 	waitSubscribed(t, c, "a", 1)
-	cn := tracker.conn(subscriberAddr(t, c))
-	require.NotNil(t, cn, "the Pub/Sub connection is the waiter client's")
+	cn := tracker.pubsubConn(t, c)
 	tracker.holdNext()
 	released := false
 	defer func() {
