@@ -184,12 +184,9 @@ var endTimeout = cleanupTimeout
 // finish is run by the one ender: stop the TTL timer and the watcher; if
 // the connection died meanwhile, the lease is lost; otherwise unlock (or
 // discard the connection) and give the connection back. cause, when not
-// nil, is why the lease is lost (TTL, Close): the lost signal fires first,
-// so that fn's context ends before the lock is released.
+// nil, is why the lease is lost (TTL, Close), which lose has signalled
+// already, so that fn's context ends before the lock is released.
 func (l *lease) finish(ctx context.Context, cause error) error {
-	if cause != nil {
-		l.Lose(cause)
-	}
 	if stop := l.stopTTL.Load(); stop != nil {
 		(*stop)()
 	}
