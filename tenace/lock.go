@@ -152,7 +152,7 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	var start time.Time
 	if observed {
 		start = opts.Clock.Now()
-		x.Emit(Event{Name: EventLockAcquiring, Key: key, Context: ctx})
+		emitAcquiring(ctx, x, key, start)
 	}
 	var held *heldCtx
 	lease, err := provider.Acquire(ctx, key, opts)
@@ -276,6 +276,24 @@ func release(ctx context.Context, x policy.Execution, key string, lease LockLeas
 // contextFreeRelease is implemented by leases whose Release never uses its
 // context (the memory provider's), so that the Lock step makes none for it.
 type contextFreeRelease interface{ releaseIgnoresContext() }
+
+// errAcquiringListener is the error of the EventLockFailed that ends a wait
+// whose EventLockAcquiring a listener panicked on.
+var errAcquiringListener = errors.New("tenace: a listener panicked on " + EventLockAcquiring + ": the lock was not acquired")
+
+// emitAcquiring emits EventLockAcquiring. If a listener panics on it, the
+// acquire is never made, and the wait every listener has seen begin ends
+// with EventLockFailed (errAcquiringListener) as the panic goes on up.
+func emitAcquiring(ctx context.Context, x policy.Execution, key string, start time.Time) {
+	emitted := false
+	defer func() {
+		if !emitted {
+			emitWaitEnd(ctx, x, EventLockFailed, key, start, errAcquiringListener)
+		}
+	}()
+	x.Emit(Event{Name: EventLockAcquiring, Key: key, Context: ctx})
+	emitted = true
+}
 
 // emitWaitEnd emits name, an event that ends the wait begun at start.
 func emitWaitEnd(ctx context.Context, x policy.Execution, name, key string, start time.Time, err error) {

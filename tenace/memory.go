@@ -148,12 +148,13 @@ func DefaultLockProvider() *MemoryLockProvider { return defaultProvider() }
 // A grant that lands at the moment ctx ends or the timeout passes goes to
 // the next waiter, and Acquire reports the give-up: an error or nil lease
 // always means nothing is held. opts.TTL is ignored: these locks never expire.
+// It panics if p is nil.
 func (p *MemoryLockProvider) Acquire(ctx context.Context, key string, opts LockAcquireOptions) (LockLease, error) {
 	// Every parked waiter keeps this frame and those below it on its stack:
 	// the errors and the timer are in functions of their own, so that the
 	// stack stays within the 2 KiB a goroutine starts with. The checks that
 	// pass are comparisons here: a call less on every acquire.
-	if key == "" || (opts.Timeout < 0 && opts.Timeout != NoWait) || opts.TTL < 0 || p.closed.Load() {
+	if key == "" || (opts.Timeout < 0 && opts.Timeout != NoWait) || opts.TTL < 0 || p == nil || p.closed.Load() {
 		return nil, p.refuse(key, &opts)
 	}
 	if err := ctx.Err(); err != nil {
@@ -185,9 +186,13 @@ func (p *MemoryLockProvider) Acquire(ctx context.Context, key string, opts LockA
 
 // refuse returns why an acquire that failed Acquire's checks must not be
 // sent: the input's error first, as ValidateAcquire words it, else closed.
+// It panics if p is nil: a programmer's mistake, not a caller's input.
 //
 //go:noinline
 func (p *MemoryLockProvider) refuse(key string, opts *LockAcquireOptions) error {
+	if p == nil {
+		panic("tenace: MemoryLockProvider.Acquire on a nil *MemoryLockProvider: make one with NewMemoryLockProvider, or leave LockOptions.Provider nil for DefaultLockProvider()")
+	}
 	if err := validateAcquire(key, *opts); err != nil {
 		return err
 	}

@@ -111,9 +111,10 @@ func (p Policy) With(s Strategy) Policy {
 
 // OnEvent adds a listener. Listeners are policy-wide, not positional: each
 // sees every event of every step of the policy, synchronously, in the order
-// the listeners were added. A listener that panics: the panic goes on up
-// through Execute, and a lock held at that point is still released. It
-// panics if fn is nil.
+// the listeners were added. A listener that panics: the listeners after it
+// still see the event (so that those pairing events stay balanced), then
+// the panic goes on up through Execute, and a lock held at that point is
+// still released. It panics if fn is nil.
 //
 // Listeners run on the caller's goroutine, inside the call (EventLockLost
 // excepted: it comes from a watching goroutine), and one policy runs many

@@ -386,6 +386,12 @@ func TestMisusePanicsWithTenacePrefix(t *testing.T) {
 		//lint:ignore SA1012 the misuse under test
 		"nil ctx":     func() { _ = pol.Execute(nil, noop) },
 		"zero shards": func() { tenace.WithShards(0) },
+		"nil memory provider": func() {
+			_ = pol.WithLock(tenace.LockOptions{Provider: (*tenace.MemoryLockProvider)(nil), Key: "k"}).Execute(bg, noop)
+		},
+		"nil memory provider, Acquire": func() {
+			_, _ = (*tenace.MemoryLockProvider)(nil).Acquire(bg, "k", tenace.LockAcquireOptions{})
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			defer func() {
@@ -494,6 +500,42 @@ func TestAPanickingListenerPanicsOnUpAndTheLockIsReleased(t *testing.T) {
 	})
 	require.PanicsWithValue(t, "listener", func() { _ = pol.Execute(bg, noop) })
 	requireIdle(t, p, "k")
+}
+
+// A listener that panics does not keep the event from the listeners added
+// after it: each sees every event, so that a listener pairing events (a
+// gauge of waiters: +1 on acquiring, -1 when the wait ends) stays balanced
+// however another listener fails. Whichever event the panic comes from, it
+// goes on up through Execute (of two, the last: the one raised while the
+// first unwound) and the lock is released.
+func TestAPanickingListenerKeepsTheOthersEventsPaired(t *testing.T) {
+	for _, on := range []string{tenace.EventLockAcquiring, tenace.EventLockAcquired, tenace.EventLockReleased} {
+		t.Run(on, func(t *testing.T) {
+			p, _ := newProvider(t)
+			var seen []string
+			pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"}).
+				OnEvent(func(e tenace.Event) {
+					if e.Name == on {
+						panic("first")
+					}
+				}).
+				OnEvent(func(e tenace.Event) {
+					if e.Name == on {
+						panic("second")
+					}
+				}).
+				OnEvent(func(e tenace.Event) { seen = append(seen, e.Name) })
+			require.PanicsWithValue(t, "second", func() { _ = pol.Execute(bg, noop) })
+			requireIdle(t, p, "k")
+			want := map[string][]string{
+				// The acquire was never made: the wait ends as failed.
+				tenace.EventLockAcquiring: {tenace.EventLockAcquiring, tenace.EventLockFailed},
+				tenace.EventLockAcquired:  {tenace.EventLockAcquiring, tenace.EventLockAcquired, tenace.EventLockReleased},
+				tenace.EventLockReleased:  {tenace.EventLockAcquiring, tenace.EventLockAcquired, tenace.EventLockReleased},
+			}[on]
+			require.Equal(t, want, seen)
+		})
+	}
 }
 
 func TestAPolicyIsSafeToShareBetweenGoroutines(t *testing.T) {

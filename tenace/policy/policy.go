@@ -140,14 +140,31 @@ func (x Execution) Clock() Clock {
 func (x Execution) HasListeners() bool { return x.env != nil && len(x.env.listeners) > 0 }
 
 // Emit reports e to the pipeline's listeners, synchronously, in the order
-// they were added. A listener's panic goes on up through the step that
-// emitted; steps that hold resources release them in a defer.
+// they were added. A listener that panics does not keep e from the
+// listeners after it: they all see it, so that listeners pairing events (a
+// gauge of waiters, a span) stay balanced whatever another one does; then
+// the panic goes on up through the step that emitted (if several panic, the
+// last, as with any panic raised while another unwinds; a crash prints them
+// all). Steps that hold resources release them in a defer.
 func (x Execution) Emit(e Event) {
 	if x.env == nil {
 		return
 	}
-	for _, l := range x.env.listeners {
-		l(e)
+	emit(x.env.listeners, e)
+}
+
+// emit calls each of ls with e. The panic of one is not recovered — its
+// stack stays whole for the crash or the caller's recover — but the
+// deferred call passes e on to the listeners after it first.
+func emit(ls []func(Event), e Event) {
+	i := 0
+	defer func() {
+		if i < len(ls) { // ls[i] panicked, or ended its goroutine
+			emit(ls[i+1:], e)
+		}
+	}()
+	for ; i < len(ls); i++ {
+		ls[i](e)
 	}
 }
 
