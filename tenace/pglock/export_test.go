@@ -33,3 +33,19 @@ func SetEndTimeout(d time.Duration) (restore func()) {
 	endTimeout = d
 	return func() { endTimeout = old }
 }
+
+// Hooks are the provider's test hooks (see testHooks): each runs at a point
+// where a race has a window, so that a test can hold it open.
+type Hooks struct {
+	// Losing runs in an ender that has claimed the lease as lost, before
+	// it signals the loss.
+	Losing func()
+	// ReleaseWaits runs in a Release that found the lease claimed by such
+	// an ender, before it waits for the signal.
+	ReleaseWaits func()
+}
+
+// SetHooks sets p's test hooks; call it before p's first Acquire.
+func (p *Provider) SetHooks(h Hooks) {
+	p.hooks = &testHooks{losing: h.Losing, releaseWaits: h.ReleaseWaits}
+}

@@ -19,9 +19,11 @@ import (
 //
 // Concurrency: exactly one of Release, the TTL timer, the watcher (a lost
 // connection) and the provider's Close ends the lease: the one that moves
-// state from held to ended. It alone touches conn afterwards — except the
-// watcher, which owns conn's reads while it runs; the ender stops it (a read
-// deadline in the past) and waits for watchDone before using conn.
+// state from held to released (Release) or lost (the others, which then
+// signal the loss at once: see lose). It alone touches conn afterwards —
+// except the watcher, which owns conn's reads while it runs; the ender stops
+// it (a read deadline in the past) and waits for watchDone before using
+// conn.
 type lease struct {
 	tenace.LeaseSignal
 	p     *Provider
@@ -31,7 +33,7 @@ type lease struct {
 	token uint64
 	pid   uint32 // the backend's process id, for tests and errors
 
-	state     atomic.Int32 // leaseHeld, then leaseEnded
+	state     atomic.Int32 // leaseHeld, then leaseReleased or leaseLost
 	stopping  atomic.Bool  // set by the ender before it stops the watcher
 	reported  atomic.Bool  // a Release has returned the loss
 	watchDone chan struct{}
@@ -40,9 +42,10 @@ type lease struct {
 }
 
 const (
-	leaseInvalid int32 = iota // the zero value: never a live lease
-	leaseHeld
-	leaseEnded
+	leaseInvalid  int32 = iota // the zero value: never a live lease
+	leaseHeld                  // nobody has ended it
+	leaseReleased              // a Release ended it
+	leaseLost                  // lose ended it: the loss is signalled, or about to be
 )
 
 var (
@@ -125,7 +128,17 @@ func (l *lease) Token() uint64 { return l.token }
 // the error is returned. A ctx without a deadline is bounded (5 s, then the
 // cancel's grace), so that a stalled server cannot hold the caller.
 func (l *lease) Release(ctx context.Context) error {
-	if !l.state.CompareAndSwap(leaseHeld, leaseEnded) {
+	if !l.state.CompareAndSwap(leaseHeld, leaseReleased) {
+		if l.state.Load() == leaseLost {
+			// An ender claimed the lease as lost, and signals the loss
+			// next, with nothing in between that blocks: wait for it
+			// rather than return nil as if the lock had been held to the
+			// end.
+			if h := l.p.hooks; h != nil && h.releaseWaits != nil {
+				h.releaseWaits()
+			}
+			<-l.Lost()
+		}
 		if err := l.Err(); err != nil && l.reportLoss() {
 			return fmt.Errorf("pglock: Release of %q touched nothing: %w", l.key, err)
 		}
@@ -160,10 +173,19 @@ func (l *lease) end(cause error) {
 
 // lose makes the caller the lease's ender, if it is still held, and
 // signals the loss (cause) at once; it reports whether it did. The ender
-// then calls unlockLost. Close loses every lease first, then unlocks them.
+// then calls unlockLost (the watcher discards the connection instead).
+// Close loses every lease first, then unlocks them.
+//
+// Between the claim and the signal, a Release finds the lease lost but not
+// yet signalled: it waits for the signal (see Release). Signalling before
+// the claim instead would signal a loss for a lease that a Release had
+// claimed at that moment, whose caller had not lost the lock.
 func (l *lease) lose(cause error) bool {
-	if !l.state.CompareAndSwap(leaseHeld, leaseEnded) {
+	if !l.state.CompareAndSwap(leaseHeld, leaseLost) {
 		return false
+	}
+	if h := l.p.hooks; h != nil && h.losing != nil {
+		h.losing()
 	}
 	l.Lose(cause)
 	return true
@@ -197,13 +219,19 @@ func (l *lease) finish(ctx context.Context, cause error) error {
 	if l.watchErr != nil {
 		// The connection ended before we could unlock: the server has
 		// released the lock already, and may have granted it to another.
-		l.Lose(l.lostErr(l.watchErr))
-		discard(l.conn)
+		// (An ender with a cause went through lose, which signalled the
+		// loss.) A Release signals it here, having marked it reported
+		// first, so that a second Release, which may find it signalled,
+		// returns nil.
 		if cause == nil {
 			l.reported.Store(true)
-			return fmt.Errorf("pglock: Release of %q touched nothing: %w", l.key, l.Err())
+			l.Lose(l.lostErr(l.watchErr))
 		}
-		return nil
+		discard(l.conn)
+		if cause != nil {
+			return nil
+		}
+		return fmt.Errorf("pglock: Release of %q touched nothing: %w", l.key, l.Err())
 	}
 	_ = l.conn.Conn().PgConn().Conn().SetReadDeadline(time.Time{})
 	var unlocked bool
@@ -259,10 +287,9 @@ func (l *lease) watch() {
 			return // stopped by the ender
 		}
 		l.watchErr = err
-		if l.state.CompareAndSwap(leaseHeld, leaseEnded) {
+		if l.lose(l.lostErr(err)) {
 			// The watcher is the ender: nobody else touches conn.
 			// (A pending TTL timer finds the lease ended and does nothing.)
-			l.Lose(l.lostErr(err))
 			discard(l.conn)
 			l.p.forget(l)
 		}

@@ -64,6 +64,20 @@ type Provider struct {
 	isEnded bool
 	queues  queues
 	ended   sync.Once
+
+	hooks *testHooks // nil but in tests (see export_test.go)
+}
+
+// testHooks are the points where a test holds a race's window open, set
+// through export_test.go before the provider's first Acquire. Each nil
+// field, and a nil hooks, is no hook.
+type testHooks struct {
+	// losing runs in an ender (the watcher, the TTL timer, Close) that has
+	// claimed the lease as lost and not yet signalled the loss.
+	losing func()
+	// releaseWaits runs in a Release that found the lease claimed by such
+	// an ender, before it waits for the signal.
+	releaseWaits func()
 }
 
 // queues counts the callers inside Acquire per key, so that Stats can say
