@@ -150,17 +150,19 @@
 //     holds up neither the other leases nor their locks (see Close).
 //
 // Release after a loss touches nothing and returns an error wrapping
-// tenace.ErrLeaseLost that says why. If the unlock itself fails (the server
-// went away, ctx ended), Release closes the connection instead — which
-// releases the lock when the server ends the session — and says so; when
-// the unlock succeeds but ctx ended while it ran, Release returns nil and
-// closes the connection all the same, since a cancel request may still be
-// on its way to the session (no connection whose statement saw its context
-// end goes back to the pool, where it would hit another caller's). A
-// Release whose ctx has no deadline (the Lock step's) gives the unlock 5 s:
-// on a stalled backend it returns after that and the cancel's grace (2 s),
-// having closed the connection (tested with the backend stopped by
-// SIGSTOP: the lock is free once it runs again).
+// tenace.ErrLeaseLost that says why; so does a Release whose unlock finds
+// the connection ended (a backend terminated a moment before, whose end the
+// lease had not seen yet). If the unlock fails otherwise (ctx ended, the
+// server does not answer), Release closes the connection instead — which
+// releases the lock when the server ends the session — and says so; when the
+// unlock succeeds but ctx ended while it ran, Release returns nil and closes
+// the connection all the same, since a cancel request may still be on its
+// way to the session (no connection whose statement saw its context end goes
+// back to the pool, where it would hit another caller's). A Release whose
+// ctx has no deadline (the Lock step's) gives the unlock 5 s: on a stalled
+// backend it returns after that and the cancel's grace (2 s), having closed
+// the connection (tested with the backend stopped by SIGSTOP: the lock is
+// free once it runs again).
 //
 // A holder that stalls (a long GC pause, a stopped process) keeps its lock
 // as long as its connection lives: there is no expiry on the server (but a

@@ -43,9 +43,14 @@ type Hooks struct {
 	// ReleaseWaits runs in a Release that found the lease claimed by such
 	// an ender, before it waits for the signal.
 	ReleaseWaits func()
+	// Watching runs in a lease's watcher, before its first read.
+	Watching func()
+	// Stopping runs in an ender that has set the watcher's read deadline,
+	// before it waits for the watcher to stop.
+	Stopping func()
 }
 
 // SetHooks sets p's test hooks; call it before p's first Acquire.
 func (p *Provider) SetHooks(h Hooks) {
-	p.hooks = &testHooks{losing: h.Losing, releaseWaits: h.ReleaseWaits}
+	p.hooks = &testHooks{losing: h.Losing, releaseWaits: h.ReleaseWaits, watching: h.Watching, stopping: h.Stopping}
 }

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"tenace.dev/tenace"
@@ -122,10 +123,12 @@ func (l *lease) Token() uint64 { return l.token }
 // call does nothing and returns nil. After the lease was lost (its
 // connection ended, its TTL passed, the provider closed) it touches nothing
 // and returns an error wrapping tenace.ErrLeaseLost that says why (the
-// first Release after the loss; later ones return nil). When the unlock
-// itself fails (ctx ended, the server went away), the connection is closed
-// instead, which releases the lock when the server ends the session, and
-// the error is returned. A ctx without a deadline is bounded (5 s, then the
+// first Release after the loss; later ones return nil). So does a Release
+// whose unlock finds the connection ended (a backend terminated a moment
+// before, whose end the lease had not seen yet): the lease was lost then.
+// When the unlock fails otherwise (ctx ended, the server does not answer),
+// the connection is closed instead, which releases the lock when the server
+// ends the session, and the error is returned. A ctx without a deadline is bounded (5 s, then the
 // cancel's grace), so that a stalled server cannot hold the caller.
 func (l *lease) Release(ctx context.Context) error {
 	if !l.state.CompareAndSwap(leaseHeld, leaseReleased) {
@@ -215,6 +218,9 @@ func (l *lease) finish(ctx context.Context, cause error) error {
 	defer l.p.forget(l)
 	l.stopping.Store(true)
 	_ = l.conn.Conn().PgConn().Conn().SetReadDeadline(time.Now())
+	if h := l.p.hooks; h != nil && h.stopping != nil {
+		h.stopping()
+	}
 	<-l.watchDone
 	if l.watchErr != nil {
 		// The connection ended before we could unlock: the server has
@@ -238,6 +244,19 @@ func (l *lease) finish(ctx context.Context, cause error) error {
 	err := l.conn.QueryRow(ctx, `SELECT pg_advisory_unlock($1::int4, $2)`, l.p.classID, l.id).Scan(&unlocked)
 	if err == nil && !unlocked {
 		err = errors.New("the session did not hold the lock")
+	}
+	if err != nil && cause == nil && connEnded(l.conn, err) {
+		// The connection had ended before the unlock reached the server
+		// (a backend terminated a moment ago, whose end the watcher had
+		// not read yet when it was stopped): the server released the lock
+		// with the session, so the lease was lost before this Release, as
+		// if the watcher had seen it. (Had the server unlocked and then
+		// ended the session before it replied, this reports a loss that
+		// came after the unlock: the safe side of the doubt.)
+		l.reported.Store(true)
+		l.Lose(l.lostErr(err))
+		discard(l.conn)
+		return fmt.Errorf("pglock: Release of %q could not unlock: %w", l.key, l.Err())
 	}
 	if err != nil {
 		discard(l.conn)
@@ -264,6 +283,16 @@ func (p *Provider) forget(l *lease) {
 	<-p.slots
 }
 
+// connEnded reports whether err, from a statement on c, says that c's
+// connection ended by itself — the server ended the session (a FATAL error:
+// a terminated backend, a shutdown) or the socket failed — rather than that
+// the statement was cut short by its context (a cancel, or the cancel's
+// grace running out), after which pgconn closes the connection too.
+func connEnded(c *pgxpool.Conn, err error) bool {
+	return c.Conn().IsClosed() && !pgconn.Timeout(err) &&
+		!errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}
+
 func (l *lease) lostErr(err error) error {
 	return fmt.Errorf("%w: pglock: the connection holding the lock on %q (backend %d) ended: %v; the server released the lock with the session, and another caller may hold it now", tenace.ErrLeaseLost, l.key, l.pid, err)
 }
@@ -276,6 +305,9 @@ func (l *lease) lostErr(err error) error {
 // stops it with a read deadline.
 func (l *lease) watch() {
 	defer close(l.watchDone)
+	if h := l.p.hooks; h != nil && h.watching != nil {
+		h.watching()
+	}
 	pc := l.conn.Conn().PgConn()
 	for {
 		err := pc.WaitForNotification(context.Background())

@@ -52,3 +52,32 @@ func TestReleaseAsTheLossIsSignalled(t *testing.T) {
 		})
 	}
 }
+
+// TestReleaseRightAfterATermination: a Release that comes after the lease's
+// backend was terminated (pg_terminate_backend), before the watcher has read
+// the end of the connection, finds the connection ended when it unlocks.
+// The server released the lock with the session, so the lease was lost
+// before the Release: it says so, wrapping tenace.ErrLeaseLost, as after the
+// watcher's signal — not as an unlock that failed, after which the caller
+// would believe the lock was held to the end. The hooks keep the watcher
+// from reading until the Release has stopped it.
+func TestReleaseRightAfterATermination(t *testing.T) {
+	srv := server(t)
+	stopped := make(chan struct{})
+	p := newProvider(t, srv)
+	p.SetHooks(pglock.Hooks{
+		Watching: func() { <-stopped },
+		Stopping: sync.OnceFunc(func() { close(stopped) }), // the later lease's Release calls it too
+	})
+	key := keyOf(t, "k")
+	l := mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	srv.Terminate(t, pglock.BackendPID(l)) // returns once the backend has exited
+	err := l.Release(bg)
+	t.Logf("Release after the termination: %v", err)
+	require.ErrorIs(t, err, tenace.ErrLeaseLost, "the lease was lost before the Release")
+	require.ErrorIs(t, l.(tenace.LosableLease).Err(), tenace.ErrLeaseLost)
+	require.NoError(t, l.Release(bg), "a second Release does nothing")
+	next := mustAcquire(t, p, key, tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+	require.NoError(t, next.Release(bg))
+	require.Equal(t, tenace.LockStats{}, p.Stats())
+}

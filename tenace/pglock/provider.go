@@ -78,6 +78,11 @@ type testHooks struct {
 	// releaseWaits runs in a Release that found the lease claimed by such
 	// an ender, before it waits for the signal.
 	releaseWaits func()
+	// watching runs in the watcher, before its first read.
+	watching func()
+	// stopping runs in an ender that has set the watcher's read deadline,
+	// before it waits for the watcher to stop.
+	stopping func()
 }
 
 // queues counts the callers inside Acquire per key, so that Stats can say
