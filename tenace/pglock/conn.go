@@ -60,9 +60,12 @@ type cancelHandler struct {
 	conn  *pgconn.PgConn
 	ready atomic.Bool
 	// Owned by pgconn's context watcher, which calls HandleCancel and then
-	// HandleUnwatchAfterCancel in sequence.
-	stop context.CancelFunc
-	done chan struct{} // closed when the cancel requests are over
+	// HandleUnwatchAfterCancel in sequence; graceEnd is read, too, once the
+	// statement has returned (pgconn's Unwatch orders that after
+	// HandleCancel, as it does HandleUnwatchAfterCancel).
+	stop     context.CancelFunc
+	done     chan struct{} // closed when the cancel requests are over
+	graceEnd time.Time     // when the connection is given up; zero before a cancel
 }
 
 var _ ctxwatch.Handler = (*cancelHandler)(nil)
@@ -72,7 +75,7 @@ func (h *cancelHandler) HandleCancel(context.Context) {
 	_ = h.conn.Conn().SetDeadline(deadline)
 	ctx, stop := context.WithDeadline(context.Background(), deadline)
 	done := make(chan struct{})
-	h.stop, h.done = stop, done
+	h.stop, h.done, h.graceEnd = stop, done, deadline
 	if !h.ready.Load() {
 		close(done)
 		return
@@ -97,6 +100,21 @@ func (h *cancelHandler) HandleUnwatchAfterCancel() {
 	h.stop()
 	<-h.done
 	_ = h.conn.Conn().SetDeadline(time.Time{})
+}
+
+// graceEnd returns when the cancel's grace ends for conn's last statement,
+// which has returned: the deadline its cancel handler set, when the
+// statement's context ended while it ran; else cancelGrace from now (its
+// context ended after it returned, or not at all). The cleanup after a
+// statement cut short (unlockAll) ends by then, so that the caller waits
+// one grace at most, not a grace for the statement and another for the
+// cleanup. (A connection whose statement saw a cancel is never reused, so
+// the handler's deadline is its last statement's.)
+func graceEnd(conn *pgxpool.Conn) time.Time {
+	if h, ok := conn.Conn().PgConn().CustomData()[handlerKey].(*cancelHandler); ok && !h.graceEnd.IsZero() {
+		return h.graceEnd
+	}
+	return time.Now().Add(cancelGrace)
 }
 
 // handlerKey is where a connection's CustomData keeps its cancelHandler,

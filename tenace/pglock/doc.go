@@ -109,12 +109,15 @@
 // typically one round trip; at most 2 s when the server does not answer, as
 // the connection is then given up. The grant may land at that very moment:
 // the server may have granted the lock just before the cancel arrived, or
-// the cancel may hit after the lock and before the fence. In every such
-// case the call gives the lock back (pg_advisory_unlock_all) and closes the
-// connection, so that a cancel still in flight cannot hit a later
-// statement and nothing the session held survives it: when Acquire returns
-// no lease, nothing is held for it on the server. (A test races cancels
-// against grants and tells both outcomes apart by the fence.)
+// the cancel may hit after the lock and before the fence. In every such case
+// the call gives the lock back (pg_advisory_unlock_all) and closes the
+// connection, so that a cancel still in flight cannot hit a later statement
+// and nothing the session held survives it: when Acquire returns no lease,
+// nothing is held for it on the server. (A test races cancels against grants
+// and tells both outcomes apart by the fence.) The give-back fits in the
+// same 2 s: a backend that stalls between the grant and the unlock holds the
+// caller no longer, and frees the lock when it runs again and finds its
+// connection closed (tested with SIGSTOP).
 //
 // A waiting statement holds a snapshot, as any running query does, which
 // holds back vacuum's horizon while it waits.

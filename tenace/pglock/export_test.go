@@ -48,9 +48,14 @@ type Hooks struct {
 	// Stopping runs in an ender that has set the watcher's read deadline,
 	// before it waits for the watcher to stop.
 	Stopping func()
+	// StatementDone runs in Acquire once the acquire statement has
+	// returned, with its backend's pid and whether it took the lock,
+	// before Acquire looks at its context.
+	StatementDone func(pid uint32, locked bool)
 }
 
 // SetHooks sets p's test hooks; call it before p's first Acquire.
 func (p *Provider) SetHooks(h Hooks) {
-	p.hooks = &testHooks{losing: h.Losing, releaseWaits: h.ReleaseWaits, watching: h.Watching, stopping: h.Stopping}
+	p.hooks = &testHooks{losing: h.Losing, releaseWaits: h.ReleaseWaits, watching: h.Watching, stopping: h.Stopping,
+		statementDone: h.StatementDone}
 }

@@ -83,6 +83,10 @@ type testHooks struct {
 	// stopping runs in an ender that has set the watcher's read deadline,
 	// before it waits for the watcher to stop.
 	stopping func()
+	// statementDone runs in Acquire once the acquire statement has
+	// returned, with its backend's pid and whether it took the lock,
+	// before Acquire looks at its context.
+	statementDone func(pid uint32, locked bool)
 }
 
 // queues counts the callers inside Acquire per key, so that Stats can say
@@ -382,8 +386,10 @@ func (p *Provider) prepareSQL() {
 // returns no lease, this provider holds nothing for the call on the
 // server: a connection whose wait was cut short is unlocked and closed,
 // which ends its session and with it any lock the server granted at that
-// moment (at once when the unlock succeeds; when the server ends the
-// session otherwise, a few milliseconds later).
+// moment (at once when the unlock succeeds; otherwise when the server ends
+// the session: a few milliseconds later, or once a stalled backend runs
+// again). A stalled backend delays the call by 2 s at most (see the package
+// doc).
 func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
 	if err := tenace.ValidateAcquire(key, opts); err != nil {
 		return nil, err
@@ -450,6 +456,9 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 		var locked bool
 		var fence *int64
 		err := conn.QueryRow(wctx, sql, []byte(key), p.classID).Scan(&id, &locked, &fence)
+		if h := p.hooks; h != nil && h.statementDone != nil {
+			h.statementDone(conn.Conn().PgConn().PID(), err == nil && locked)
+		}
 		switch {
 		case err != nil:
 			// Unknown outcome: the statement may have taken the lock
@@ -549,15 +558,21 @@ func (p *Provider) reconnect(wctx context.Context) (*pgxpool.Conn, error) {
 }
 
 // unlockAll releases every advisory lock of conn's session, best effort,
-// within cancelGrace: after it, or after discard at the latest, the session
-// holds nothing. A closed connection needs nothing.
+// before the cancel's grace ends (graceEnd): after it, or after discard at
+// the latest, the session holds nothing. A closed connection needs
+// nothing; the caller discards conn next.
+//
+// The bound is the socket's deadline, not a context's: a context that ended
+// would start the cancel handler, and with it a grace of its own, which on
+// a backend that stalls after the grant doubled the call's wait (a cancel is
+// no use here anyway: discard ends the session, which frees its locks).
+// Past the deadline pgconn closes the connection.
 func (p *Provider) unlockAll(conn *pgxpool.Conn) {
 	if conn.Conn().IsClosed() {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), cancelGrace)
-	defer cancel()
-	_, _ = conn.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
+	_ = conn.Conn().PgConn().Conn().SetDeadline(graceEnd(conn))
+	_, _ = conn.Exec(context.Background(), `SELECT pg_advisory_unlock_all()`)
 }
 
 // failed says why a step of Acquire failed with err: ctx's error when the
