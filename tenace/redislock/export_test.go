@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"context"
+	"time"
 
 	"tenace.dev/tenace"
 )
@@ -22,3 +23,8 @@ func RunAcquireScript(ctx context.Context, l tenace.LockLease) (int64, error) {
 	}
 	return res[0], nil
 }
+
+// OnPubSubBackoff makes p's Pub/Sub receive loops call f with each pause
+// they take before reading again after a failed read. Call it before p's
+// first wait.
+func OnPubSubBackoff(p *Provider, f func(time.Duration)) { p.subs.onBackoff = f }

@@ -492,13 +492,22 @@ func TestATimeoutOnAManualClockRunsOnThatClock(t *testing.T) {
 // connTracker is a client's Dialer that keeps every connection it opened,
 // by local address, so that a test can break one from the client's side.
 // After holdNext, the next dial waits (it reports on held) until release
-// or the end of its context.
+// or the end of its context. While refusing, every dial fails, as on a
+// server that is down.
 type connTracker struct {
-	mu      sync.Mutex
-	conns   map[string]net.Conn
-	hold    bool
-	held    chan struct{}
-	release chan struct{}
+	mu       sync.Mutex
+	conns    map[string]net.Conn
+	hold     bool
+	held     chan struct{}
+	release  chan struct{}
+	refusing bool
+}
+
+// refuse makes every dial fail (on) or go through again (off).
+func (d *connTracker) refuse(on bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.refusing = on
 }
 
 func (d *connTracker) holdNext() {
@@ -509,9 +518,12 @@ func (d *connTracker) holdNext() {
 
 func (d *connTracker) dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	d.mu.Lock()
-	hold, held, release := d.hold, d.held, d.release
+	hold, held, release, refusing := d.hold, d.held, d.release, d.refusing
 	d.hold = false
 	d.mu.Unlock()
+	if refusing {
+		return nil, fmt.Errorf("connTracker: dial %s refused by the test (the server is down, as far as this client can tell)", addr)
+	}
 	if hold {
 		close(held)
 		select {
@@ -564,6 +576,18 @@ func trackedProvider(t *testing.T, addr string, dialTimeout time.Duration) (*con
 // to a channel, from CLIENT LIST.
 func subscriberAddr(t *testing.T, c redis.UniversalClient) string {
 	t.Helper()
+	addr, list := findSubscriber(t, c)
+	if addr == "" {
+		t.Fatalf("no connection subscribed to one channel in CLIENT LIST:\n%s", list)
+	}
+	return addr
+}
+
+// findSubscriber returns the client address of the one connection
+// subscribed to a channel, or "" if there is none, and the CLIENT LIST it
+// looked in.
+func findSubscriber(t *testing.T, c redis.UniversalClient) (addr, list string) {
+	t.Helper()
 	list, err := c.ClientList(bg).Result()
 	require.NoError(t, err)
 	for line := range strings.Lines(list) {
@@ -573,12 +597,11 @@ func subscriberAddr(t *testing.T, c redis.UniversalClient) string {
 		}
 		for _, f := range fields {
 			if addr, ok := strings.CutPrefix(f, "addr="); ok {
-				return addr
+				return addr, list
 			}
 		}
 	}
-	t.Fatalf("no connection subscribed to one channel in CLIENT LIST:\n%s", list)
-	return ""
+	return "", list
 }
 
 // A waiter that leaves (here, at its Timeout) does not wait for the shared

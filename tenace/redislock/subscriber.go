@@ -53,6 +53,10 @@ type subscriber struct {
 	waiters  int
 	closed   bool // by close: no connection is opened again
 
+	// onBackoff, if set (by tests, before the first connection), is called
+	// by a receive loop with each pause it takes before reading again.
+	onBackoff func(time.Duration)
+
 	// Published for Stats (written under mu, read without it).
 	nWaiting atomic.Int64 // = waiters
 	nLongest atomic.Int64 // the most waiters of one channel
@@ -65,6 +69,7 @@ type pubsubConn struct {
 	ops     []op           // to send, in order; a close is the last
 	ready   chan struct{}  // buffer 1: ops is not empty
 	pending map[string]int // SUBSCRIBE replies still to come, by channel
+	gone    chan struct{}  // closed, with the close queued, when it stops being the current connection
 }
 
 // op is a command for a connection's sender.
@@ -89,6 +94,13 @@ func (c *pubsubConn) queue(o op) {
 	case c.ready <- struct{}{}:
 	default: // the sender has been told already
 	}
+}
+
+// retire queues the connection's close, once it is no longer the current
+// one, and ends its receive loop's pause; mu held.
+func (c *pubsubConn) retire() {
+	c.queue(op{kind: opClose}) // ends a Receive in progress
+	close(c.gone)
 }
 
 // subscription is one channel's waiters, oldest first.
@@ -148,6 +160,7 @@ func (s *subscriber) subscribe(ctx context.Context, channel string) (*wait, erro
 			ps:      s.client.Subscribe(context.WithoutCancel(ctx)), // connects on first use
 			ready:   make(chan struct{}, 1),
 			pending: map[string]int{},
+			gone:    make(chan struct{}),
 		}
 		s.conn = c
 		s.conns.Add(2)
@@ -229,16 +242,17 @@ func (s *subscriber) unsubscribe(w *wait, acquired bool) {
 	case c == nil: // closed: nothing to send
 	case s.waiters == 0:
 		s.conn = nil
-		c.queue(op{kind: opClose}) // ends Receive in the receive goroutine
+		c.retire()
 	case lastOfChannel:
 		c.queue(op{kind: opUnsubscribe, channel: w.channel}) // best effort: a stray message only wakes nobody
 	}
 }
 
 // close closes the current connection, refuses new ones, and waits for the
-// goroutines of every connection to end: at once, unless go-redis is
-// opening or re-opening one, which holds its commands (the close included)
-// for up to the client's dial and read timeouts on a stalled server.
+// goroutines of every connection to end: at once (a receive loop's pause
+// between reconnects ends with it), unless go-redis is opening or
+// re-opening one, which holds its commands (the close included) for up to
+// the client's dial and read timeouts on a stalled server.
 // Waiters still registered stay so until they leave (Acquire's callers
 // return at Provider.Close); nothing is sent for them.
 func (s *subscriber) close() {
@@ -246,7 +260,7 @@ func (s *subscriber) close() {
 	s.closed = true
 	if c := s.conn; c != nil {
 		s.conn = nil
-		c.queue(op{kind: opClose})
+		c.retire()
 	}
 	s.mu.Unlock()
 	s.conns.Wait()
@@ -344,8 +358,15 @@ func (s *subscriber) receive(c *pubsubConn) {
 			// Do not spin on a server that is down: the waiters retry (and
 			// fail) on their own; this loop waits a little before
 			// reconnecting, or stops when closed.
+			if s.onBackoff != nil {
+				s.onBackoff(50 * time.Millisecond)
+			}
 			backoff.Reset(50 * time.Millisecond)
-			<-backoff.C
+			select {
+			case <-backoff.C:
+			case <-c.gone:
+				return // closed meanwhile: nothing more to read for the waiters
+			}
 		}
 	}
 }
