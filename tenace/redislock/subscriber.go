@@ -308,15 +308,21 @@ func (s *subscriber) send(c *pubsubConn) {
 
 // receive reads c until it is closed: confirmations release the
 // subscribers' waits, release messages wake the channel's waiters, and an
-// error (the connection broke; go-redis reconnects and resubscribes on the
-// next Receive) wakes every waiter to try again at once. Once c is no
-// longer the current connection, it reads nothing more for the waiters and
-// returns (the close queued by the last waiter ends a Receive in progress).
+// error (the connection broke; go-redis re-opens it and resubscribes
+// within that Receive, or, if that failed, in the next) wakes every waiter
+// to try again at once. After a failed read it reads again at once or
+// pauses (see reconnectPause). Once c is no longer the current connection,
+// it reads nothing more for the waiters and returns (the close queued by
+// the last waiter ends a Receive in progress, and retire a pause).
 func (s *subscriber) receive(c *pubsubConn) {
 	defer s.conns.Done()
-	backoff := time.NewTimer(0)
-	<-backoff.C
-	defer backoff.Stop()
+	var pause *time.Timer // made at the first pause
+	defer func() {
+		if pause != nil {
+			pause.Stop()
+		}
+	}()
+	failed := 0 // reads failed in a row
 	for {
 		msg, err := c.ps.Receive(context.Background())
 		s.mu.Lock()
@@ -354,21 +360,53 @@ func (s *subscriber) receive(c *pubsubConn) {
 			}
 		}
 		s.mu.Unlock()
-		if err != nil {
-			// Do not spin on a server that is down: the waiters retry (and
-			// fail) on their own; this loop waits a little before
-			// reconnecting, or stops when closed.
-			if s.onBackoff != nil {
-				s.onBackoff(50 * time.Millisecond)
-			}
-			backoff.Reset(50 * time.Millisecond)
-			select {
-			case <-backoff.C:
-			case <-c.gone:
-				return // closed meanwhile: nothing more to read for the waiters
-			}
+		if err == nil {
+			failed = 0
+			continue
+		}
+		failed++
+		d := reconnectPause(failed)
+		if d == 0 {
+			continue
+		}
+		if s.onBackoff != nil {
+			s.onBackoff(d)
+		}
+		if pause == nil {
+			pause = time.NewTimer(d)
+		} else {
+			pause.Reset(d) // it fired and was drained: no stale tick
+		}
+		select {
+		case <-pause.C:
+		case <-c.gone:
+			return // closed meanwhile: nothing more to read for the waiters
 		}
 	}
+}
+
+// The receive loop's pace after a failed read. go-redis re-opens a broken
+// Pub/Sub connection, and resubscribes its channels, inside the read that
+// found it broken, so the next read goes at once: a pause there would hold
+// back the release messages already arriving on the new connection (it
+// did, 50ms, before). A failure after that one means the re-open failed
+// (the server is down, or refuses): the loop pauses, reconnectPauseMin
+// first, doubling up to reconnectPauseMax, so that a server that stays
+// unreachable costs at most a few dials a second; a read that succeeds
+// starts over. The waiters do not depend on this pace: each failure wakes
+// them to try, and they retry on their fallback interval anyway.
+const (
+	reconnectPauseMin = 50 * time.Millisecond
+	reconnectPauseMax = time.Second
+)
+
+// reconnectPause is the receive loop's pause after the failed-th read in
+// a row that failed: none after the first.
+func reconnectPause(failed int) time.Duration {
+	if failed < 2 {
+		return 0
+	}
+	return min(reconnectPauseMin<<min(failed-2, 5), reconnectPauseMax)
 }
 
 func notify(w *wait) {

@@ -128,3 +128,97 @@ func TestCloseLeavesNoPubSubGoroutine(t *testing.T) {
 
 	require.NoError(t, held.Release(bg))
 }
+
+// A waiter hears a release that comes right after the shared Pub/Sub
+// connection broke and go-redis re-opened it: the receive loop reads the
+// message at once. go-redis re-opens the connection, and resubscribes,
+// inside the read that found it broken; before, the loop then paused 50ms
+// anyway, with the message waiting in the socket, and the hand-off came
+// that much late.
+func TestAReleaseRightAfterAPubSubReconnectIsHeardAtOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	c := deadlineClient(t, srv.Addr)
+	holder := newProvider(t, c)
+	held := mustAcquire(t, holder, "k", tenace.LockAcquireOptions{TTL: time.Hour})
+	_, p := trackedProvider(t, srv.Addr, time.Second) // fallback retries an hour apart
+	paused := make(chan time.Duration, 64)            // more than a test makes: the loop never blocks on it
+	redislock.OnPubSubBackoff(p, func(d time.Duration) { paused <- d })
+
+	r := acquireAsync(bg, p, "k", tenace.LockAcquireOptions{})
+	waitSubscribed(t, c, "k", 1)
+	before := subscriberAddr(t, c)
+	require.NoError(t, c.ClientKillByFilter(bg, "TYPE", "pubsub").Err())
+	eventually(t, "a new connection subscribed to the channel", func() bool {
+		addr, _ := findSubscriber(t, c)
+		return addr != "" && addr != before
+	})
+
+	start := time.Now()
+	require.NoError(t, held.Release(bg))
+	got := <-r
+	handoff := time.Since(start)
+	require.NoError(t, got.err)
+	require.NotNil(t, got.lease)
+	t.Logf("hand-off after a Pub/Sub reconnect: %v from Release to the waiter's lease", handoff.Round(time.Microsecond))
+	// The pause, had there been one, was announced before the read that
+	// brought the release message: it is in the channel by now.
+	select {
+	case d := <-paused:
+		t.Fatalf("the receive loop paused %v after a reconnect that had succeeded, and the waiter heard the release that much late", d)
+	default:
+	}
+	require.NoError(t, got.lease.Release(bg))
+}
+
+// On a server the Pub/Sub connection cannot reach, the receive loop does
+// not spin: from the second failed read in a row it pauses 50ms, doubling
+// to 1s, so that reconnects stay a few a second; a read that succeeds
+// starts it over.
+func TestPubSubReconnectsBackOffOnlyAfterAFailedOne(t *testing.T) {
+	srv := redistest.Start(t)
+	c := deadlineClient(t, srv.Addr)
+	holder := newProvider(t, c)
+	held := mustAcquire(t, holder, "k", tenace.LockAcquireOptions{TTL: time.Hour})
+	tracker, p := trackedProvider(t, srv.Addr, time.Second)
+	paused := make(chan time.Duration, 64) // more than a test makes: the loop never blocks on it
+	redislock.OnPubSubBackoff(p, func(d time.Duration) { paused <- d })
+	pauses := func(n int) []time.Duration {
+		var got []time.Duration
+		for range n {
+			got = append(got, <-paused)
+		}
+		return got
+	}
+
+	r := acquireAsync(bg, p, "k", tenace.LockAcquireOptions{})
+	waitSubscribed(t, c, "k", 1)
+	before := subscriberAddr(t, c)
+	tracker.refuse(true) // the server is down, as far as the Pub/Sub connection can tell
+	require.NoError(t, c.ClientKillByFilter(bg, "TYPE", "pubsub").Err())
+	ms := time.Millisecond
+	require.Equal(t, []time.Duration{50 * ms, 100 * ms, 200 * ms, 400 * ms}, pauses(4),
+		"the read that found the connection broken is followed by one at once; each that fails after it, by a pause twice the last")
+	tracker.refuse(false) // the read after the 400ms pause re-opens the connection
+	eventually(t, "a new connection subscribed to the channel", func() bool {
+		addr, _ := findSubscriber(t, c)
+		return addr != "" && addr != before
+	})
+
+	// A success starts the pauses over: a second break with the server
+	// down pauses 50ms first, not 800ms.
+	before = subscriberAddr(t, c)
+	tracker.refuse(true)
+	require.NoError(t, c.ClientKillByFilter(bg, "TYPE", "pubsub").Err())
+	require.Equal(t, []time.Duration{50 * ms}, pauses(1))
+	tracker.refuse(false)
+	eventually(t, "a new connection subscribed to the channel", func() bool {
+		addr, _ := findSubscriber(t, c)
+		return addr != "" && addr != before
+	})
+
+	require.NoError(t, held.Release(bg))
+	got := <-r
+	require.NoError(t, got.err)
+	require.NotNil(t, got.lease)
+	require.NoError(t, got.lease.Release(bg))
+}
