@@ -26,10 +26,11 @@
 // them all would only make the rest lose). All waiters of a Provider share
 // one Pub/Sub connection, open while anyone waits; a channel's SUBSCRIBE and
 // UNSUBSCRIBE are sent, by a goroutine of that connection, in the order its
-// waiters came and went. In case a message is lost (a reconnect, say) a
-// waiter also retries after a jittered fallback interval, and never waits
-// past the holder's remaining PTTL, its own Timeout or its context without
-// trying again. Release runs one script that deletes the key only if it
+// waiters came and went. Waiters try again when that connection breaks,
+// and once it is back (a release may have gone unheard meanwhile). In case
+// a message is lost anyway, a waiter also retries after a jittered
+// fallback interval, and never waits past the holder's remaining PTTL, its
+// own Timeout or its context without trying again. Release runs one script that deletes the key only if it
 // still holds this grant's token, and publishes the release.
 //
 // # Keepalive and the lost signal

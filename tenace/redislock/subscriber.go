@@ -131,7 +131,8 @@ func (sub *subscription) wake() {
 
 // wait is one waiter's registration: wake gets a token when the waiter
 // should try again — a release message reached it, a waiter ahead of it
-// left, or the connection broke (a message may have been lost).
+// left, or the connection broke or came back (a message may have been
+// lost).
 type wait struct {
 	channel string
 	sub     *subscription
@@ -353,9 +354,17 @@ func (s *subscriber) receive(c *pubsubConn) {
 			// go-redis resubscribes every channel on the new connection;
 			// the replies to come are those.
 			clear(c.pending)
+		}
+		// A message may have been lost: everyone tries, when the
+		// connection breaks, and again when a read succeeds after failed
+		// ones — the resubscription's reply, so from here on releases are
+		// heard. Without the second, a release published while the
+		// re-open was failing, after the waiters had tried, would reach
+		// them only at their fallback retry.
+		if err != nil || failed > 0 {
 			for _, sub := range s.channels {
 				for _, w := range sub.waiters {
-					notify(w) // a message may be lost: everyone tries
+					notify(w)
 				}
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -221,4 +222,73 @@ func TestPubSubReconnectsBackOffOnlyAfterAFailedOne(t *testing.T) {
 	require.NoError(t, got.err)
 	require.NotNil(t, got.lease)
 	require.NoError(t, got.lease.Release(bg))
+}
+
+// A release published while the shared Pub/Sub connection is down reaches
+// no one; the waiters try again once the connection is back, rather than
+// at their fallback retry (an hour here): the first read that succeeds
+// after failed ones wakes every waiter. Before, only the failures woke
+// them, all before the release, and the waiter here waited for its
+// fallback retry.
+func TestAReleaseWhileThePubSubConnectionIsDownIsNotMissed(t *testing.T) {
+	srv := redistest.Start(t)
+	c := deadlineClient(t, srv.Addr)
+	holder := newProvider(t, c)
+	held := mustAcquire(t, holder, "k", tenace.LockAcquireOptions{TTL: time.Hour})
+	tracker, p := trackedProvider(t, srv.Addr, time.Second) // fallback retries an hour apart
+	paused := make(chan time.Duration, 64)                  // more than a test makes: the loop never blocks on it
+	gate := make(chan struct{})                             // holds the loop in its first pause until the release is out
+	var pauses atomic.Int64
+	redislock.OnPubSubBackoff(p, func(d time.Duration) {
+		paused <- d
+		if pauses.Add(1) == 1 {
+			<-gate
+		}
+	})
+	opened := false
+	defer func() {
+		if !opened {
+			close(gate)
+		}
+	}()
+
+	r := acquireAsync(bg, p, "k", tenace.LockAcquireOptions{})
+	waitSubscribed(t, c, "k", 1)
+	tracker.refuse(true)
+	require.NoError(t, c.ClientKillByFilter(bg, "TYPE", "pubsub").Err())
+	<-paused // a reconnect failed, and the loop is held in its pause: no more wake-ups
+	// The failures woke the waiter; once it has tried and waits again (parked
+	// in its select with nothing ready), it has no wake-up left.
+	eventually(t, "the waiter parked again", waiterParked)
+	require.NoError(t, held.Release(bg))
+	n, err := c.PubSubNumSub(bg, "tenace:lock:{k}:released").Result()
+	require.NoError(t, err)
+	require.Zero(t, n["tenace:lock:{k}:released"], "the release message reached no one")
+	tracker.refuse(false)
+	close(gate)
+	opened = true
+
+	select {
+	case got := <-r:
+		require.NoError(t, got.err)
+		require.NotNil(t, got.lease)
+		require.NoError(t, got.lease.Release(bg))
+	case <-time.After(10 * time.Second): // the failure's bound: the reconnect comes after one pause of 50ms
+		t.Fatal("the waiter did not try again once the Pub/Sub connection was back: it waits for its fallback retry, an hour")
+	}
+}
+
+// waiterParked reports whether a caller of Acquire is parked in its wait:
+// blocked in the select of Provider.acquire (its top frame), so no wake-up
+// is pending for it.
+func waiterParked() bool {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		header, frames, _ := strings.Cut(g, "\n")
+		if strings.HasSuffix(header, " [select]:") && strings.HasPrefix(frames, "tenace.dev/tenace/redislock.(*Provider).acquire(") {
+			return true
+		}
+	}
+	return false
 }
