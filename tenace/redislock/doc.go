@@ -59,9 +59,10 @@
 // or the deadline came before the reply — may have taken the key, or may
 // still take it when the server runs the queued command. Acquire then
 // returns no lease, and the provider voids the token in the background: a
-// script that marks the token void for one window (so its acquire script,
-// whenever it runs, takes nothing) and deletes the key if the token holds
-// it. It retries until the server answers, or until Close.
+// script that marks the token void for one window, and at least 15s (so
+// that its acquire script, if it runs in that time, takes nothing), and
+// deletes the key if the token holds it. It retries until the server
+// answers, or until Close.
 //
 // The lock key is prefix + "{" + key + "}"; its counter, release channel and
 // void markers share that prefix and hash tag, so the scripts work on a
@@ -124,11 +125,17 @@
 //     another holder's lock. A Release that failed can be called again; once one
 //     succeeded, Release returns nil. A retry after a failed call that finds
 //     the key no longer this grant's returns nil: the failed call may have
-//     deleted it. A release also voids the grant's token for a window, so
-//     that a call of it that reaches the server twice (a go-redis retry)
-//     reports the release, not a loss, and a late copy of the grant's
-//     acquire takes nothing. A Release whose ctx has no deadline (the Lock step's) gives
-//     up after one window on a stalled server, when the key lapses anyway.
+//     deleted it. A release also voids the grant's token for a window, and
+//     at least 15s whatever the TTL, so that a call of it that reaches the
+//     server twice (a go-redis retry, sent after a read timeout: 3s by
+//     default) reports the release, not a loss, and a late copy of the
+//     grant's acquire takes nothing. A copy held up longer than that (by
+//     the network) is not stopped: an acquire copy takes the key for its
+//     first expiry, min(window, TTL), as a holder that died would. The
+//     markers cost about 190 bytes of server memory per release (and per
+//     void) for that long. A Release whose ctx has no deadline (the Lock
+//     step's) gives up after one window on a stalled server, when the key
+//     lapses anyway.
 //   - Not FIFO: waiters in different processes race for the key when it is
 //     released; in each process the oldest waiter tries again on the release
 //     message, and the first script to run wins. Within one process waiters

@@ -10,11 +10,11 @@ import (
 )
 
 // voidScript: KEYS[1] the lock, KEYS[2] the token's void marker; ARGV[1]
-// the token, ARGV[2] the release channel, ARGV[3] the first expiry the
-// token's acquire script sets, in ms.
+// the token, ARGV[2] the release channel, ARGV[3] the marker's life in ms
+// (see minVoidLife).
 //
-// It marks the token void for as long — so that an acquire script of that
-// token that reaches the server later (still queued in a socket, or a
+// It marks the token void for that long — so that an acquire script of
+// that token that reaches the server later (still queued in a socket, or a
 // go-redis retry) takes nothing — and deletes the lock if the token holds
 // it, waking its waiters. Marker first, then delete: the order does not
 // matter within a script, and either order of the two scripts on the server
@@ -28,6 +28,21 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 `)
+
+// minVoidLife is the shortest life of a token's void marker (set by a
+// void, and by a release): a marker lives one window, and at least this
+// long. A copy of a script that reaches the server after its marker is
+// gone is not stopped by it: an acquire copy takes the key for its first
+// expiry (as a holder that died would hold it), and a retried release
+// finds no trace of its first run and reports a loss. Such copies come
+// from go-redis's retries — each sent only after the previous send's read
+// timed out (3s by default), so 3 retries and their backoffs (up to 512ms)
+// end about 10.5s after the first send — or from a network that holds a
+// packet that long. So not the first expiry, min(window, TTL), which a
+// short TTL makes far shorter than go-redis waits before it retries. The
+// cost: one key, about 190 bytes of server memory, per release and per
+// void, for that long.
+const minVoidLife = 15 * time.Second
 
 // The janitor's pace: one void at a time; after a failure it waits
 // voidBackoffMin, doubling to voidBackoffMax, so that a key orphaned by a
@@ -98,7 +113,7 @@ func (j *janitor) run() {
 		j.mu.Unlock()
 
 		ctx, cancel := context.WithTimeout(j.stop, voidCallTimeout)
-		err := voidScript.Run(ctx, j.p.client, []string{a.lockKey, a.voidKey}, a.token, a.channel, a.pxMS).Err()
+		err := voidScript.Run(ctx, j.p.client, []string{a.lockKey, a.voidKey}, a.token, a.channel, j.p.voidMS).Err()
 		cancel()
 		if err == nil {
 			j.mu.Lock()

@@ -13,7 +13,7 @@ import (
 
 // releaseScript: KEYS[1] the lock, KEYS[2] the token's void marker (see
 // voidScript); ARGV[1] the grant's token, ARGV[2] the release channel,
-// ARGV[3] the marker's life in ms. Deletes the lock only if it is still
+// ARGV[3] the marker's life in ms (see minVoidLife). Deletes the lock only if it is still
 // this grant's, and marks the token void: an acquire script of this token
 // that reaches the server afterwards (a go-redis retry, or a copy queued on
 // another connection) takes nothing. A second run — go-redis retries a
@@ -365,7 +365,7 @@ func (l *lease) Release(ctx context.Context) error {
 // releaseCall runs releaseScript once for l.
 func (l *lease) releaseCall(ctx context.Context) (int, error) {
 	a := l.a
-	return releaseScript.Run(ctx, a.p.client, []string{a.lockKey, a.voidKey}, l.token, a.channel, a.pxMS).Int()
+	return releaseScript.Run(ctx, a.p.client, []string{a.lockKey, a.voidKey}, l.token, a.channel, a.p.voidMS).Int()
 }
 
 // Token is the grant's fencing token (see the package doc).

@@ -58,6 +58,7 @@ type Provider struct {
 	window   time.Duration
 	interval time.Duration // renewal interval; 0 until New settles it
 	retry    time.Duration
+	voidMS   int64 // a void marker's life in ms: max(window, minVoidLife)
 	logger   *slog.Logger
 	subs     *subscriber // one Pub/Sub connection for every waiter, open while any waits
 	voids    *janitor    // undoes acquires whose outcome is unknown
@@ -168,6 +169,7 @@ func New(client redis.UniversalClient, opts ...Option) *Provider {
 	if p.interval >= p.window {
 		panic(fmt.Sprintf("tenace: redislock.New: the renewal interval (%v) must be below the window (%v)", p.interval, p.window))
 	}
+	p.voidMS = max(p.window, minVoidLife).Milliseconds()
 	p.stop, p.halt = context.WithCancel(context.Background())
 	p.voids = newJanitor(p)
 	if p.logger != nil {

@@ -552,3 +552,80 @@ func TestALateCopyOfAnAcquireTakesNothingAfterTheRelease(t *testing.T) {
 	_, err = c.Get(bg, "tenace:lock:{late}").Result()
 	require.ErrorIs(t, err, redis.Nil, "nobody holds the key")
 }
+
+// The void markers outlive a TTL far below the window: a release's marker
+// still tells a retry of that release, past the TTL, that the release was
+// done, and still refuses a late copy of the grant's acquire; a void's
+// marker (an acquire whose reply was lost) still refuses its copies. The
+// markers live a window, and at least 15s; before, they lived the first
+// expiry, min(window, TTL): 20ms here, far less than go-redis waits
+// (its read timeout, 3s by default) before it retries a call.
+func TestVoidMarkersOutliveAShortTTL(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newClient(t, srv.Addr)
+	lose := &lostAcquireReply{voided: make(chan struct{})}
+	c.AddHook(lose)
+	p := newProvider(t, c)
+	const ttl = 20 * time.Millisecond
+	l := mustAcquire(t, p, "released", tenace.LockAcquireOptions{TTL: ttl})
+	require.NoError(t, l.Release(bg))
+	lose.next.Store(true)
+	_, err := p.Acquire(bg, "voided", tenace.LockAcquireOptions{TTL: ttl})
+	require.ErrorContains(t, err, "reply lost")
+	<-lose.voided // the janitor voided the lost acquire's token
+	voided := func() []string {
+		keys, err := c.Keys(bg, "tenace:lock:{voided}:void:*").Result()
+		require.NoError(t, err)
+		return keys
+	}
+
+	// The server's clock is the point: once a key set now for the TTL has
+	// expired on it, a marker set earlier for the TTL would have too.
+	require.NoError(t, c.Set(bg, "probe", "1", ttl).Err())
+	within(t, 5*time.Second, "the probe's expiry", func() bool { return c.Exists(bg, "probe").Val() == 0 })
+
+	n, err := redislock.RunReleaseScript(bg, l)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "a retry of the release, past the TTL, reports the release, not a loss")
+	got, err := redislock.RunAcquireScript(bg, l)
+	require.NoError(t, err)
+	require.Equal(t, int64(-1), got, "a late copy of the released grant's acquire, past the TTL, takes nothing")
+	require.Len(t, voided(), 1, "the void's marker, past the TTL, still refuses the lost acquire's copies")
+	pttl, err := c.PTTL(bg, voided()[0]).Result()
+	require.NoError(t, err)
+	require.Greater(t, pttl, 10*time.Second)
+	require.Empty(t, heldLocks(t, c, "released"))
+	require.Empty(t, heldLocks(t, c, "voided"))
+}
+
+// lostAcquireReply is a hook that, once armed (next), lets the next
+// acquire script run and then reports its reply lost; it closes voided
+// once the next two-key script after it (the janitor's void) has run.
+type lostAcquireReply struct {
+	next, lost atomic.Bool
+	voided     chan struct{}
+}
+
+func (h *lostAcquireReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *lostAcquireReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if n := cmd.Name(); err == nil && (n == "evalsha" || n == "eval") {
+			switch fmt.Sprint(cmd.Args()[2]) {
+			case "3":
+				if h.next.CompareAndSwap(true, false) {
+					h.lost.Store(true)
+					return errors.New("the acquire script ran and its reply lost (test hook)")
+				}
+			case "2":
+				if h.lost.CompareAndSwap(true, false) {
+					close(h.voided)
+				}
+			}
+		}
+		return err
+	}
+}
+func (h *lostAcquireReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
