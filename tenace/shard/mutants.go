@@ -1,8 +1,10 @@
 package shard
 
-// Mutation points. Each function below is the table's correct rule at one
-// point of the protocol, named for what it decides, so that table.go reads
-// as the protocol alone. Under a tenace_mutant_<name> build tag (one file
+import "sync"
+
+// Mutation points. Each function below is the lock manager's correct rule
+// at one point of the protocol, named for what it decides, so that table.go
+// and shard.go read as the protocol alone. Under a tenace_mutant_<name> build tag (one file
 // each, mutant_<name>.go) one of them breaks its rule on purpose, for
 // package fuzz's mutation check (scripts/mutants): the fuzz targets must
 // kill every mutant. In every normal build mutant is "" and each function is
@@ -64,4 +66,17 @@ func reclaimable[T any](e *entry[T]) bool {
 		return s != stDead
 	}
 	return s == stFree
+}
+
+// waiterPool is the pool s takes its idle waiters from and puts them back
+// in: its own (see getWaiter).
+// Mutant sharedpool: the first shard's, for every shard of the group, so a
+// waiter pooled while its cancel is still on one shard's mailbox can be
+// reused on another, and the stale cancel then withdraws it from that
+// shard's table.
+func waiterPool(s *Shard) *sync.Pool {
+	if mutant == "sharedpool" {
+		return &s.group.shards[0].waiters
+	}
+	return &s.waiters
 }
