@@ -6,7 +6,8 @@
 //     step the table's invariants and a plain FIFO model must agree.
 //   - FuzzProvider: bytes decode into a concurrent schedule on a
 //     MemoryLockProvider — goroutines that acquire, hold, release, time out,
-//     cancel, and race a release against a cancel — run in a
+//     cancel, race a release against a cancel, and acquire again on
+//     another shard right after a give-up that raced its grant — run in a
 //     testing/synctest bubble, so time is fake and each step ends when every
 //     goroutine is blocked. Mutual exclusion, FIFO order, exact Size, no
 //     leaked lock, and (goleak) no goroutine left.

@@ -316,6 +316,81 @@ func (m *providerMachine) RaceReleaseAndCancel(rt *rapid.T) {
 	q[0].lease, m.holder[key] = others[0].lease, q[0]
 }
 
+// RaceCancelThenAcquireElsewhere is the abort during grant followed, on the
+// caller's goroutine, by an acquire of another key, which with two or three
+// shards is on another shard ("a" and "b" are). A new caller queues for a
+// key nobody waits for; the step cancels its context, then releases the
+// key. The release wakes the idle shard, which in practice grants the
+// caller before the caller, woken by its cancel, has sent the shard its
+// withdrawal (1,999 runs of 2,000 on two cores); so the caller finds the
+// grant in its channel as it withdraws, returns its give-up at once, and
+// pools its waiter while its cancel is still on the first shard's mailbox.
+// Its next Acquire, on the same goroutine and so the same P, takes a waiter
+// from the pool at once.
+//
+// That cancel must touch nothing but the first key: the grant it raced
+// passes on (here to nobody, so the key is free, which the step checks),
+// and the second acquire is granted, or queued, as if the first had never
+// been. Were the shards to share a pool (mutant sharedpool, the bug fixed
+// in commit 2e5dbcd), the second acquire would reuse the waiter on the
+// other shard, which in practice applies it before the first shard applies
+// the stale cancel (1,992 runs of 2,000): the first shard then withdraws
+// the waiter from the other shard's table, and the first key leaks.
+func (m *providerMachine) RaceCancelThenAcquireElsewhere(rt *rapid.T) {
+	var keys []string
+	for _, k := range m.keys {
+		if m.holder[k] != nil && len(m.queue[k]) == 0 {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 || len(m.keys) < 2 {
+		return // nothing to do: a no-op step, not a skip (see heldKey)
+	}
+	key := rapid.SampledFrom(keys).Draw(rt, "give-up key")
+	other := rapid.SampledFrom(slices.DeleteFunc(slices.Clone(m.keys), func(k string) bool { return k == key })).Draw(rt, "then key")
+	m.calls++
+	first := &pcall{id: m.calls, key: key, kind: cancellable}
+	m.calls++
+	then := &pcall{id: m.calls, key: other, kind: waitForever}
+	ctx, cancel := context.WithCancel(context.Background())
+	first.cancel = cancel
+	go func() {
+		l, err := m.p.Acquire(ctx, key, tenace.LockAcquireOptions{})
+		m.results <- outcome{first, l, err} // buffered: it does not block
+		l, err = m.p.Acquire(context.Background(), other, tenace.LockAcquireOptions{})
+		m.results <- outcome{then, l, err}
+	}()
+	m.expect(rt) // first is queued
+
+	first.cancel()
+	require.NoError(rt, m.holder[key].lease.Release(context.Background()))
+	thenGranted := m.holder[other] == nil
+	want := []*pcall{first}
+	if thenGranted {
+		want = append(want, then)
+	}
+	got := m.expect(rt, want...)
+	if o := got[first]; o.lease != nil {
+		require.NoError(rt, o.err)
+		first.lease, m.holder[key] = o.lease, first
+	} else {
+		require.ErrorIs(rt, o.err, context.Canceled, "%v: no lease, so it gave up", first)
+		delete(m.holder, key) // nobody else waited
+		l, err := m.p.Acquire(context.Background(), key, tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+		require.NoError(rt, err)
+		require.NotNil(rt, l, "%v gave up and nobody waited: its key is free", first)
+		require.NoError(rt, l.Release(context.Background()))
+	}
+	if !thenGranted {
+		m.queue[other] = append(m.queue[other], then)
+		return
+	}
+	o := got[then]
+	require.NoError(rt, o.err)
+	require.NotNil(rt, o.lease, "%v: a free key is granted at once", then)
+	then.lease, m.holder[other] = o.lease, then
+}
+
 // Check runs after every action: Size is exact (the shards are idle), and
 // no result came that the model did not expect.
 func (m *providerMachine) Check(rt *rapid.T) {
@@ -351,14 +426,16 @@ func (m *providerMachine) drain(rt *rapid.T) {
 
 // ProviderProperty: goroutines drawn by rapid acquire, hold, release, time
 // out and cancel on a few keys, and race releases against cancels and
-// against new acquires (a release by CAS against the shard queueing). It checks
+// against new acquires (a release by CAS against the shard queueing); a
+// caller whose grant raced its give-up acquires again at once, on another
+// shard, while its cancel may still wait on the first. It checks
 // mutual exclusion (exactly the model's holder is granted), FIFO order, exact
 // Size, idempotent Release, and no leaked lock at the end. It must run inside
 // a testing/synctest bubble; it makes its provider there.
 func ProviderProperty(rt *rapid.T) {
 	m := &providerMachine{
 		results: make(chan outcome, 1024),
-		keys:    []string{"a", "b", "c"}[:rapid.IntRange(1, 3).Draw(rt, "keys")],
+		keys:    []string{"a", "b", "c"}[:rapid.IntRange(1, 3).Draw(rt, "keys")], // "a" and "b": two shards of 2 or 3
 		holder:  map[string]*pcall{},
 		queue:   map[string][]*pcall{},
 	}
@@ -375,6 +452,7 @@ func ProviderProperty(rt *rapid.T) {
 		"timeout":       m.Timeout,
 		"race":          m.RaceReleaseAndCancel,
 		"race-acquire":  m.RaceReleaseAndAcquire,
+		"race-reuse":    m.RaceCancelThenAcquireElsewhere,
 		"":              m.Check,
 	})
 	m.drain(rt)

@@ -315,3 +315,16 @@ func TestShardReapsIdleEntriesReapDepthAtATime(t *testing.T) {
 	require.NoError(t, g.Sync(context.Background()))
 	require.Zero(t, s.table.Entries(), "a Sync reaps what is left")
 }
+
+// The provider property (internal/proptest) draws 1 to 3 shards and keys
+// "a", "b", "c", and counts on "a" and "b" being on different shards when
+// there are 2 or 3: its step RaceCancelThenAcquireElsewhere gives up on
+// one and acquires the other at once, to catch a waiter reused by another
+// shard while its cancel waits on the first.
+func TestProviderPropertyKeysAAndBAreOnDifferentShards(t *testing.T) {
+	for _, n := range []int{2, 3} {
+		g := NewGroup(Options{Shards: n})
+		require.NotSame(t, g.For("a"), g.For("b"), "%d shards", n)
+		g.Stop()
+	}
+}
