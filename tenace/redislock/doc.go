@@ -129,8 +129,11 @@
 //     at least 15s whatever the TTL, so that a call of it that reaches the
 //     server twice (a go-redis retry, sent after a read timeout: 3s by
 //     default) reports the release, not a loss, and a late copy of the
-//     grant's acquire takes nothing. A copy held up longer than that (by
-//     the network) is not stopped: an acquire copy takes the key for its
+//     grant's acquire takes nothing. 15s covers go-redis's retries with its
+//     default options (3 retries, each after a 3-s read timeout); with a
+//     longer ReadTimeout or more MaxRetries, set WithWindow to at least
+//     (MaxRetries+1) × (WriteTimeout+ReadTimeout). A copy held up longer
+//     than the marker (by the network, or such a client) is not stopped: an acquire copy takes the key for its
 //     first expiry, min(window, TTL), as a holder that died would. The
 //     markers cost about 190 bytes of server memory per release (and per
 //     void) for that long. A Release whose ctx has no deadline (the Lock
