@@ -128,6 +128,26 @@ func TestALeaseNotLostEmitsNoLostEvent(t *testing.T) {
 	require.Equal(t, []string{"lock.acquiring:k", "lock.acquired:k", "lock.released:k"}, rec.names())
 }
 
+// A lease lost while fn runs is reported even when fn returns at once,
+// before the Lock's watcher has run: the watcher, told to stop, finds the
+// loss already there and must report it (EventLockLost, before
+// EventLockReleased), not pick at random between the two ready cases.
+func TestALossJustBeforeFnReturnsIsStillReported(t *testing.T) {
+	for range 200 {
+		fp := &fakeProvider{}
+		lease := &losableLease{fakeLease: fakeLease{p: fp}}
+		fp.acquire = func(context.Context, string) (tenace.LockLease, error) { return lease, nil }
+		var rec recorder
+		err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp, Key: "k"}).OnEvent(rec.on).
+			Execute(bg, func(ctx context.Context) error {
+				lease.Lose(nil)
+				return nil
+			})
+		require.NoError(t, err)
+		require.Equal(t, []string{"lock.acquiring:k", "lock.acquired:k", "lock.lost:k", "lock.released:k"}, rec.names())
+	}
+}
+
 func TestValidateAcquire(t *testing.T) {
 	require.NoError(t, tenace.ValidateAcquire("k", tenace.LockAcquireOptions{}))
 	require.NoError(t, tenace.ValidateAcquire("k", tenace.LockAcquireOptions{Timeout: tenace.NoWait, TTL: time.Second}))

@@ -215,7 +215,9 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 // from the watching goroutine, while fn may still run (listeners are already
 // safe for concurrent use: a policy runs many calls at once). The watcher
 // has exited when runWatched returns, so the lost event always comes before
-// the released one. ctx is the Lock's own context, for the event; granted is
+// the released one, and a loss that came before the inner steps returned is
+// always reported (one a moment after, before the release, may be too).
+// ctx is the Lock's own context, for the event; granted is
 // when the lease was granted (zero without listeners).
 func runWatched(ctx, held context.Context, x policy.Execution, key string, l LosableLease, granted time.Time, next policy.Next) error {
 	inner, cancel := context.WithCancelCause(held)
@@ -242,7 +244,15 @@ func runWatched(ctx, held context.Context, x policy.Execution, key string, l Los
 		}
 	}()
 	defer func() {
-		close(stop)
+		// A loss that came before the inner steps returned is reported,
+		// however late the watcher runs: stop stays open, so Lost is the
+		// only case it can take. With both ready, select would choose at
+		// random and drop the loss.
+		select {
+		case <-l.Lost():
+		default:
+			close(stop)
+		}
 		<-done
 		if listenerPanic != nil {
 			panic(listenerPanic)
