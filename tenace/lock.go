@@ -54,6 +54,7 @@ type LockOptions struct {
 //     that moment (the grant is released at once). It emits
 //     EventLockCancelled.
 //   - the provider failed: *UnexpectedError wrapping its error;
+//     EventLockFailed. If its Acquire panics, the panic goes on up, after
 //     EventLockFailed.
 //
 // The events carry the wait, the hold, the fencing token and the error (see
@@ -155,7 +156,13 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 		emitAcquiring(ctx, x, key, start)
 	}
 	var held *heldCtx
-	lease, err := provider.Acquire(ctx, key, opts)
+	var lease LockLease
+	var err error
+	if observed {
+		lease, err = acquireObserved(ctx, x, provider, key, opts, start)
+	} else {
+		lease, err = provider.Acquire(ctx, key, opts)
+	}
 	if lease != nil {
 		held = &heldCtx{Context: ctx, lease: lease}
 	}
@@ -303,6 +310,26 @@ func emitAcquiring(ctx context.Context, x policy.Execution, key string, start ti
 	}()
 	x.Emit(Event{Name: EventLockAcquiring, Key: key, Context: ctx})
 	emitted = true
+}
+
+// errProviderPanicked is the error of the EventLockFailed that ends a wait
+// whose provider's Acquire panicked.
+var errProviderPanicked = errors.New("tenace: the lock provider's Acquire panicked: the lock was not acquired")
+
+// acquireObserved is provider.Acquire for a call with listeners. If Acquire
+// panics, the wait every listener has seen begin ends with EventLockFailed
+// (errProviderPanicked) as the panic goes on up, so that a listener pairing
+// the events (a gauge of waiters) stays balanced.
+func acquireObserved(ctx context.Context, x policy.Execution, provider LockProvider, key string, opts LockAcquireOptions, start time.Time) (LockLease, error) {
+	returned := false
+	defer func() {
+		if !returned {
+			emitWaitEnd(ctx, x, EventLockFailed, key, start, errProviderPanicked)
+		}
+	}()
+	lease, err := provider.Acquire(ctx, key, opts)
+	returned = true
+	return lease, err
 }
 
 // emitWaitEnd emits name, an event that ends the wait begun at start.

@@ -48,7 +48,9 @@ const (
 	EventLockCancelled = "lock.cancelled"
 	// EventLockFailed: the provider failed (a server unreachable, the
 	// provider closed). Wait; Err: the provider's error, which the call
-	// returns wrapped in an *UnexpectedError.
+	// returns wrapped in an *UnexpectedError. Also emitted, with an Err
+	// that says so, when a listener of EventLockAcquiring or the
+	// provider's Acquire panics: the panic then goes on up.
 	EventLockFailed = "lock.failed"
 	// EventLockReleased: the inner steps returned and the lock was released.
 	// Hold: how long it was held; Token; Err: what Release returned (nil when

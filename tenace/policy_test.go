@@ -538,6 +538,18 @@ func TestAPanickingListenerKeepsTheOthersEventsPaired(t *testing.T) {
 	}
 }
 
+// A provider whose Acquire panics ends the wait every listener has seen
+// begin: lock.failed follows lock.acquiring (a waiting gauge returns to 0)
+// as the panic goes on up through Execute.
+func TestAPanickingProviderEndsTheWaitWithFailed(t *testing.T) {
+	fp := &fakeProvider{acquire: func(context.Context, string) (tenace.LockLease, error) { panic("provider") }}
+	var rec recorder
+	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp, Key: "k"}).OnEvent(rec.on)
+	require.PanicsWithValue(t, "provider", func() { _ = pol.Execute(bg, noop) })
+	require.Equal(t, []string{"lock.acquiring:k", "lock.failed:k"}, rec.names())
+	require.Error(t, rec.events[1].Err)
+}
+
 func TestAPolicyIsSafeToShareBetweenGoroutines(t *testing.T) {
 	p, _ := newProvider(t)
 	pol := tenace.NewPolicy().WithTimeout(time.Minute).WithLock(tenace.LockOptions{Provider: p})
