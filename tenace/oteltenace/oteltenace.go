@@ -316,8 +316,10 @@ func (t *Telemetry) spanEvent(ctx context.Context, e tenace.Event) {
 // Step returns the step that runs each Execute in a span named
 // "tenace.execute" (kind internal), a child of the span in the caller's
 // context. The span's status is Error, with the error's message, when the
-// call returns an error (fn's own included: the span is the call's). Add it
-// outermost, or use Instrument.
+// call returns an error (fn's own included: the span is the call's), and
+// Error, "panic", when it panics; the span still ends, the panic goes on up,
+// and an SDK that records panics (the OpenTelemetry SDK does by default)
+// adds it as an exception event. Add it outermost, or use Instrument.
 func (t *Telemetry) Step() tenace.Strategy { return step{t} }
 
 type step struct{ t *Telemetry }
@@ -329,14 +331,22 @@ func (s step) Run(ctx context.Context, x policy.Execution, next policy.Next) (er
 		opts = append(opts, trace.WithAttributes(attribute.String("tenace.key", x.Key())))
 	}
 	ctx, span := s.t.tracer.Start(ctx, "tenace.execute", append(opts, trace.WithSpanKind(trace.SpanKindInternal))...)
-	// Ended in a defer: a panic in fn still ends the span (and goes on up).
+	// End is deferred itself, not called from a deferred closure: only
+	// then can the SDK's End recover a panic in fn to record it (as an
+	// exception event) before it goes on up. The status is set first.
+	defer span.End()
+	returned := false
 	defer func() {
-		if err != nil {
+		switch {
+		case !returned:
+			span.SetStatus(codes.Error, "panic")
+		case err != nil:
 			span.SetStatus(codes.Error, err.Error())
 		}
-		span.End()
 	}()
-	return next.Run(ctx)
+	err = next.Run(ctx)
+	returned = true
+	return err
 }
 
 // ObserveStats registers gauges that read sp.Stats() at each collection:

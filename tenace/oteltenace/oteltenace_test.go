@@ -263,8 +263,13 @@ func TestAPanicInFnStillEndsTheSpan(t *testing.T) {
 	defer p.Close()
 	pol := tel.Instrument(tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"}))
 	require.PanicsWithValue(t, "fn", func() { _ = pol.Execute(bg, func(context.Context) error { panic("fn") }) })
-	require.Len(t, s.spans.Ended(), 1)
+	spans := s.spans.Ended()
+	require.Len(t, spans, 1)
 	require.Equal(t, int64(0), sum(t, s.collect(t)["tenace.lock.waiting"], noAttrs))
+	// The call failed: not a span that looks successful. The SDK records
+	// the panic as an exception event.
+	require.Equal(t, codes.Error, spans[0].Status().Code)
+	require.Equal(t, []string{"lock.acquiring", "lock.acquired", "lock.released", "exception"}, eventNames(spans[0]))
 }
 
 func TestEventsOfOtherStepsAreIgnored(t *testing.T) {
