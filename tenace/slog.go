@@ -26,7 +26,10 @@ import (
 // enable.
 //
 // The keys can hold what your keys hold (customer ids, say): give a logger
-// whose handler drops or hashes "key" if they must not reach the logs.
+// whose handler drops or hashes "key" if they must not reach the logs — and
+// "err", or rewrites it: the errors of lock.rejected
+// (*LockNotAcquiredError) and timeout (*TimeoutError) name the key in their
+// message, and a provider's error may.
 func LogEvents(logger *slog.Logger) func(Event) {
 	if logger == nil {
 		logger = slog.Default()

@@ -27,9 +27,13 @@
 // Timeout), cancelled (the caller's context ended first) or failed (the
 // provider failed). Both histograms advise bucket boundaries from 1 µs to
 // 5 minutes ([DurationBuckets]); a view can replace them. With
-// [WithLockKey], every measurement also carries tenace.lock.key; it is off by
-// default because keys often hold customer or order ids, which are both
-// personal data and unbounded cardinality.
+// [WithLockKey], every measurement of the tenace.lock. metrics also carries
+// tenace.lock.key (tenace.timeouts never does: a timeout has no lock); it is
+// off by default because keys often hold customer or order ids, which are
+// both personal data and unbounded cardinality. Error messages are recorded
+// whole, with or without it (the span status, [ErrorKey]), and some name the
+// key: a rejection's (*tenace.LockNotAcquiredError) and a timeout's
+// (*tenace.TimeoutError) do, and a provider's may.
 //
 // [ObserveStats] adds gauges read from a provider's tenace.LockStats.
 //
@@ -77,7 +81,9 @@ const (
 	WaitKey = attribute.Key("tenace.lock.wait")
 	// HoldKey is the hold in seconds, on the released and lost span events.
 	HoldKey = attribute.Key("tenace.lock.hold")
-	// ErrorKey is Event.Err's message, on span events that have one.
+	// ErrorKey is Event.Err's message, on span events that have one. It is
+	// recorded whole: a rejection's and a timeout's name the key, also
+	// without WithLockKey.
 	ErrorKey = attribute.Key("tenace.error")
 )
 
@@ -122,10 +128,13 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 }
 
 // WithLockKey records the lock key as the attribute tenace.lock.key on every
-// measurement and span event, and the execution key on the Execute span.
-// Off by default: keys often hold customer ids, and every distinct key
-// becomes a time series of its own. Turn it on for a bounded set of keys
-// ("nightly-report", "migrations") only.
+// measurement of the tenace.lock. metrics and on every span event (on the
+// timeout event, the execution key: its Event.Key), and the execution key
+// as tenace.key on the Execute span. Off by default: keys often hold
+// customer ids, and every distinct key becomes a time series of its own.
+// Turn it on for a bounded set of keys ("nightly-report", "migrations")
+// only. Without it, a key can still reach a span inside an error message
+// (see Metrics in the package doc).
 func WithLockKey() Option {
 	return optionFunc(func(c *config) { c.lockKey = true })
 }
