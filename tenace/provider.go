@@ -190,7 +190,10 @@ func (s *LeaseSignal) Lose(err error) bool {
 	return true
 }
 
-// LockStats is what a provider knows of its locks at one moment.
+// LockStats is what a provider knows of its locks. Each count is read on
+// its own, with no lock held across them: while locks change hands the three
+// may come from slightly different moments (a LongestQueue above Waiting,
+// say); when nothing changes, they agree.
 type LockStats struct {
 	// Held is the number of keys held: for a distributed provider, the
 	// leases held through this provider value.
