@@ -58,6 +58,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
 
 	"tenace.dev/tenace"
@@ -180,7 +181,9 @@ var outcomeNames = [numOutcomes]string{"acquired", "rejected", "cancelled", "fai
 
 // New returns a Telemetry that records through the providers the options
 // name (the global ones by default). An instrument the meter refuses is
-// reported to otel.Handle and left out; New itself never fails.
+// reported to otel.Handle (the first refusal) and records what the meter
+// returned with its error, or nothing if it returned none; New itself never
+// fails.
 func New(opts ...Option) *Telemetry {
 	c := config{}
 	for _, o := range opts {
@@ -224,10 +227,26 @@ func New(opts ...Option) *Telemetry {
 	if err != nil {
 		otel.Handle(err)
 	}
+	// The API lets a meter return no instrument with its error (the SDK
+	// returns one that works): one missing records nothing.
+	t.wait = orNoop(t.wait, metric.Float64Histogram(noop.Float64Histogram{}))
+	t.hold = orNoop(t.hold, metric.Float64Histogram(noop.Float64Histogram{}))
+	t.acquired = orNoop(t.acquired, metric.Int64Counter(noop.Int64Counter{}))
+	t.lost = orNoop(t.lost, metric.Int64Counter(noop.Int64Counter{}))
+	t.waiting = orNoop(t.waiting, metric.Int64UpDownCounter(noop.Int64UpDownCounter{}))
+	t.timeouts = orNoop(t.timeouts, metric.Int64Counter(noop.Int64Counter{}))
 	for o := range numOutcomes {
 		t.byOutcome[o] = measureOf(attribute.NewSet(OutcomeKey.String(outcomeNames[o])))
 	}
 	return t
+}
+
+// orNoop returns inst, or none if inst is nil.
+func orNoop[I any](inst, none I) I {
+	if any(inst) == nil {
+		return none
+	}
+	return inst
 }
 
 // Instrument returns p with the Telemetry's step outermost (a span per
