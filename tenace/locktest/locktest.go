@@ -16,7 +16,8 @@
 // timeouts and cancels, a cancel racing a grant, Release idempotent and
 // retryable, a Policy's Lock step on the provider; and, where the
 // Capabilities say the provider promises them, FIFO, exact statistics,
-// fencing tokens, TTL and the lost-lease signal.
+// fencing tokens, TTL, the lost-lease signal, Close, and locks shared by
+// provider values on one server.
 //
 // The suite runs against real time (a distributed provider's server has no
 // fake clock), with short timeouts: its waits are bounded, and only where
@@ -30,6 +31,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -70,6 +72,18 @@ type Capabilities struct {
 	// Lock, and that a stale Release never touches the next holder. It needs
 	// Losable.
 	Lose func(t *testing.T, l tenace.LockLease)
+	// Close: the provider implements io.Closer. Close makes the callers
+	// waiting in Acquire and every later Acquire fail with an error
+	// wrapping tenace.ErrProviderClosed, loses the leases still held (with
+	// Losable), and a second Close returns nil.
+	Close bool
+	// Shared: the providers newProvider returns within one subtest lock the
+	// same keys, as processes sharing one server do: a key held through one
+	// is held for all, a release through one grants a waiter of another,
+	// and (with Fencing) a key's tokens keep increasing from one provider
+	// value to the next, also once the first is closed and a new one made,
+	// as after a restart.
+	Shared bool
 	// WaitBound is the longest the suite waits for something that must
 	// happen (a grant after a release, a lost signal) before it fails; 0
 	// means 10s.
@@ -114,6 +128,8 @@ func Run(t *testing.T, newProvider func(t *testing.T) tenace.LockProvider, caps 
 		{"TTL", s.ttl, caps.TTL},
 		{"LostSignal", s.lost, caps.Lose != nil},
 		{"StaleReleaseAfterLoss", s.staleRelease, caps.Lose != nil || caps.TTL},
+		{"Close", s.close, caps.Close},
+		{"SharedBetweenProviders", s.shared, caps.Shared},
 	}
 	for _, tc := range tests {
 		if !tc.need {
@@ -237,13 +253,18 @@ func (s *suite) notGrantedInTime(t *testing.T) {
 	defer mustRelease(t, held)
 	const timeout = 50 * time.Millisecond
 	start := time.Now()
-	l, err := p.Acquire(s.ctx(t), key, tenace.LockAcquireOptions{Timeout: timeout})
-	if err != nil || l != nil {
-		t.Fatalf("Acquire of a held key with Timeout %v = (%v, %v), want (nil, nil)", timeout, l, err)
+	// In a goroutine, so that a provider that ignores the Timeout fails
+	// within WaitBound, not at the suite's ctx.
+	r := s.wait(t, acquireAsync(s.ctx(t), p, key, tenace.LockAcquireOptions{Timeout: timeout}), "Acquire of a held key with a Timeout")
+	d := time.Since(start)
+	if r.err != nil || r.lease != nil {
+		t.Fatalf("Acquire of a held key with Timeout %v = (%v, %v), want (nil, nil)", timeout, r.lease, r.err)
 	}
-	if d := time.Since(start); d < timeout {
+	if d < timeout {
 		t.Fatalf("Acquire with Timeout %v gave up after %v, before its timeout", timeout, d)
 	}
+	// Ended by its own Timeout, not by the key becoming free: still held.
+	s.assertHeld(t, p, key, "after a waiter's Timeout passed")
 }
 
 func (s *suite) noWait(t *testing.T) {
@@ -284,18 +305,22 @@ func (s *suite) ctxEndsWhileWaiting(t *testing.T) {
 	held := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
 
 	// Deadline: the outcome is the same whether the deadline passes before
-	// or after the waiter queued, so no handshake is needed.
-	dctx, dcancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer dcancel()
-	r := s.wait(t, acquireAsync(dctx, p, key, tenace.LockAcquireOptions{}), "Acquire with a deadline")
-	if r.lease != nil || !errors.Is(r.err, context.DeadlineExceeded) {
-		t.Fatalf("Acquire whose ctx deadline passed while waiting = (%v, %v), want context.DeadlineExceeded", r.lease, r.err)
+	// or after the waiter queued, so no handshake is needed. With a Timeout
+	// too, one that has not passed: ctx's deadline is not the Timeout, and
+	// its end is ctx's error, not (nil, nil).
+	for _, timeout := range []time.Duration{0, time.Hour} {
+		dctx, dcancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		r := s.wait(t, acquireAsync(dctx, p, key, tenace.LockAcquireOptions{Timeout: timeout}), "Acquire with a deadline")
+		dcancel()
+		if r.lease != nil || !errors.Is(r.err, context.DeadlineExceeded) {
+			t.Fatalf("Acquire (Timeout %v) whose ctx deadline passed while waiting = (%v, %v), want context.DeadlineExceeded", timeout, r.lease, r.err)
+		}
 	}
 	// Cancel, with a Timeout that has not passed: ctx's error, not (nil, nil).
 	cctx, ccancel := context.WithCancel(context.Background())
 	ch := acquireAsync(cctx, p, key, tenace.LockAcquireOptions{Timeout: time.Hour})
 	ccancel()
-	r = s.wait(t, ch, "cancelled Acquire")
+	r := s.wait(t, ch, "cancelled Acquire")
 	if r.lease != nil || !errors.Is(r.err, context.Canceled) {
 		t.Fatalf("Acquire cancelled while waiting = (%v, %v), want context.Canceled", r.lease, r.err)
 	}
@@ -325,22 +350,36 @@ func (s *suite) badInput(t *testing.T) {
 	s.assertFree(t, p, key, "after refused Acquires")
 }
 
+// grantAfterRelease: a waiter is granted the key once its holder releases
+// it, within WaitBound — also a waiter with a Timeout, which must wait for
+// the release, not only try again when its Timeout ends (an hour here).
+// With ExactStats the release waits until the waiter counts as waiting, so
+// that it meets a waiter, not one still on its way to a first try.
 func (s *suite) grantAfterRelease(t *testing.T) {
 	p := s.newProvider(t)
 	key := s.key(t)
-	held := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
-	ch := acquireAsync(s.ctx(t), p, key, tenace.LockAcquireOptions{})
-	select {
-	case r := <-ch:
-		t.Fatalf("a waiter returned (%v, %v) while the key was held", r.lease, r.err)
-	default:
+	var sp tenace.StatsProvider
+	if s.caps.ExactStats {
+		sp = s.stats(t, p)
 	}
-	mustRelease(t, held)
-	r := s.wait(t, ch, "waiter after the release")
-	if r.err != nil || r.lease == nil {
-		t.Fatalf("waiter after the release = (%v, %v), want a lease", r.lease, r.err)
+	for _, timeout := range []time.Duration{0, time.Hour} {
+		held := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+		ch := acquireAsync(s.ctx(t), p, key, tenace.LockAcquireOptions{Timeout: timeout})
+		if sp != nil {
+			s.eventually(t, "the waiter counted in Stats().Waiting", func() bool { return sp.Stats().Waiting >= 1 })
+		}
+		select {
+		case r := <-ch:
+			t.Fatalf("a waiter (Timeout %v) returned (%v, %v) while the key was held", timeout, r.lease, r.err)
+		default:
+		}
+		mustRelease(t, held)
+		r := s.wait(t, ch, fmt.Sprintf("waiter (Timeout %v) after the release", timeout))
+		if r.err != nil || r.lease == nil {
+			t.Fatalf("waiter (Timeout %v) after the release = (%v, %v), want a lease", timeout, r.lease, r.err)
+		}
+		mustRelease(t, r.lease)
 	}
-	mustRelease(t, r.lease)
 }
 
 func (s *suite) releaseIdempotent(t *testing.T) {
@@ -395,7 +434,14 @@ func (s *suite) mutualExclusion(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	ctx := s.ctx(t)
-	for range workers {
+	// With Shared, half the workers go through a second provider value:
+	// exclusion holds between them too.
+	providers := []tenace.LockProvider{p}
+	if s.caps.Shared {
+		providers = append(providers, s.newProvider(t))
+	}
+	for w := range workers {
+		p := providers[w%len(providers)]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -491,20 +537,39 @@ func (s *suite) noLeak(t *testing.T) {
 
 // cancelRacingGrant cancels a waiter at the moment the holder releases, many
 // times: whoever wins, the key must be left free (or held by the waiter,
-// which then releases it) — never held by nobody.
+// which then releases it) — never held by nobody. With ExactStats the
+// release and the cancel start together only once the waiter counts as
+// waiting, so that the cancel meets a waiter about to be granted rather
+// than one still on its way in; every other time the cancel comes once the
+// Release has returned.
 func (s *suite) cancelRacingGrant(t *testing.T) {
 	p := s.newProvider(t)
 	key := s.key(t)
+	var sp tenace.StatsProvider
+	if s.caps.ExactStats {
+		sp = s.stats(t, p)
+	}
 	granted, gaveUp := 0, 0
-	for range 50 {
+	for i := range 50 {
 		held := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
 		ctx, cancel := context.WithCancel(context.Background())
 		ch := acquireAsync(ctx, p, key, tenace.LockAcquireOptions{})
-		released := make(chan struct{})
+		if sp != nil {
+			s.eventually(t, "the waiter counted in Stats().Waiting", func() bool { return sp.Stats().Waiting >= 1 })
+		}
+		start, released := make(chan struct{}), make(chan struct{})
 		go func() {
+			<-start
 			_ = held.Release(context.Background())
 			close(released)
 		}()
+		close(start)
+		if i%2 == 1 {
+			// Every other time the cancel follows the Release's return:
+			// the release is then on its way to the waiter (on a server's
+			// round trip, a grant already made) when the cancel comes.
+			<-released
+		}
 		cancel()
 		r := s.wait(t, ch, "a waiter cancelled as the lock is released")
 		<-released
@@ -757,9 +822,17 @@ func (s *suite) ttl(t *testing.T) {
 	ttl := s.caps.MinTTL
 	start := time.Now()
 	l := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{TTL: ttl})
+	granted := time.Now()
 	s.waitLost(t, l, tenace.ErrLeaseExpired)
 	if d := time.Since(start); d > ttl+s.caps.WaitBound {
 		t.Fatalf("lost after %v, TTL %v", d, ttl)
+	}
+	// Not long before the TTL either: the TTL is how long the holder may
+	// work. (A provider may report the loss a little early, at the expiry it
+	// told its server, measured from before its request; half the TTL is
+	// far more than that.)
+	if d := time.Since(granted); d < ttl/2 {
+		t.Fatalf("lost with ErrLeaseExpired %v after the grant, long before its TTL %v", d, ttl)
 	}
 	// Someone else gets the key once the TTL has run out on the server too.
 	next := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{Timeout: s.caps.WaitBound})
@@ -861,4 +934,114 @@ func (s *suite) staleRelease(t *testing.T) {
 	s.assertHeld(t, p, key, "a stale Release after a takeover must not touch the new holder")
 	mustRelease(t, next)
 	s.assertFree(t, p, key, "after the new holder released")
+}
+
+// close: Close fails a waiting caller and every later Acquire with an error
+// wrapping ErrProviderClosed, loses (with Losable) the leases still held, and
+// a second Close returns nil.
+func (s *suite) close(t *testing.T) {
+	p := s.newProvider(t)
+	c, ok := p.(io.Closer)
+	if !ok {
+		t.Fatalf("%T does not implement io.Closer", p)
+	}
+	key := s.key(t)
+	held := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	// The waiter's outcome is the same whether Close meets it queued or it
+	// arrives after Close; with ExactStats, Close waits until it is counted,
+	// so that the queued case is the one checked.
+	ch := acquireAsync(s.ctx(t), p, key, tenace.LockAcquireOptions{})
+	if s.caps.ExactStats {
+		sp := s.stats(t, p)
+		s.eventually(t, "the waiter counted in Stats().Waiting", func() bool { return sp.Stats().Waiting >= 1 })
+	}
+	closed := make(chan error, 1) // one result, never blocks the goroutine
+	go func() { closed <- c.Close() }()
+	r := s.wait(t, ch, "a caller waiting when Close was called")
+	if r.lease != nil {
+		_ = r.lease.Release(context.Background())
+		t.Fatal("a caller waiting when Close was called was granted the key")
+	}
+	if !errors.Is(r.err, tenace.ErrProviderClosed) {
+		t.Fatalf("a caller waiting when Close was called got %v, want an error wrapping ErrProviderClosed", r.err)
+	}
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatalf("Close = %v, want nil", err)
+		}
+	case <-time.After(s.caps.WaitBound):
+		t.Fatalf("Close did not return within %v", s.caps.WaitBound)
+	}
+	if s.caps.Losable {
+		s.waitLost(t, held, tenace.ErrLeaseLost)
+	}
+	released := make(chan struct{})
+	go func() {
+		_ = held.Release(context.Background()) // nil or an error: the provider is closed
+		close(released)
+	}()
+	select {
+	case <-released:
+	case <-time.After(s.caps.WaitBound):
+		t.Fatalf("Release of a lease held at Close did not return within %v", s.caps.WaitBound)
+	}
+	for _, opts := range []tenace.LockAcquireOptions{{}, {Timeout: tenace.NoWait}, {Timeout: time.Second}} {
+		l, err := p.Acquire(s.ctx(t), s.key(t), opts)
+		if l != nil {
+			t.Fatalf("Acquire (%+v) after Close granted a lease", opts)
+		}
+		if !errors.Is(err, tenace.ErrProviderClosed) {
+			t.Fatalf("Acquire (%+v) after Close = %v, want an error wrapping ErrProviderClosed", opts, err)
+		}
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("a second Close = %v, want nil", err)
+	}
+}
+
+// shared: two provider values lock the same keys, a release through one
+// grants the other's waiter, and (with Fencing) tokens increase from one
+// value to the next, also across a restart: the first closed (with Close),
+// a new one made.
+func (s *suite) shared(t *testing.T) {
+	p1, p2 := s.newProvider(t), s.newProvider(t)
+	key := s.key(t)
+	var last uint64
+	token := func(l tenace.LockLease, what string) {
+		t.Helper()
+		if !s.caps.Fencing {
+			return
+		}
+		tok := l.(tenace.FencedLease).Token()
+		if tok <= last {
+			t.Fatalf("%s: token %d after %d: not strictly increasing across provider values", what, tok, last)
+		}
+		last = tok
+	}
+	l1 := s.mustAcquire(t, p1, key, tenace.LockAcquireOptions{})
+	token(l1, "the first provider's grant")
+	s.assertHeld(t, p2, key, "a key held through one provider value must be held for another")
+	ch := acquireAsync(s.ctx(t), p2, key, tenace.LockAcquireOptions{})
+	mustRelease(t, l1)
+	r := s.wait(t, ch, "the second provider's waiter after the first released")
+	if r.err != nil || r.lease == nil {
+		t.Fatalf("the second provider's waiter after the first released = (%v, %v), want a lease", r.lease, r.err)
+	}
+	token(r.lease, "the second provider's grant")
+	mustRelease(t, r.lease)
+	s.assertFree(t, p1, key, "released through the second provider value")
+
+	// A restart: the old provider value goes, a new one comes.
+	if s.caps.Close {
+		for _, p := range []tenace.LockProvider{p1, p2} {
+			if err := p.(io.Closer).Close(); err != nil {
+				t.Fatalf("Close = %v", err)
+			}
+		}
+	}
+	p3 := s.newProvider(t)
+	l3 := s.mustAcquire(t, p3, key, tenace.LockAcquireOptions{})
+	token(l3, "a new provider value's grant, after a restart")
+	mustRelease(t, l3)
 }

@@ -24,6 +24,8 @@ func TestConformance(t *testing.T) {
 		Fencing:    true,
 		Losable:    true,
 		TTL:        true,
+		Close:      true,
+		Shared:     true,
 		Lose: func(t *testing.T, l tenace.LockLease) {
 			srv.Terminate(t, pglock.BackendPID(l))
 		},
@@ -40,6 +42,8 @@ func TestConformanceWithoutFencing(t *testing.T) {
 		ExactStats: true,
 		Losable:    true,
 		TTL:        true,
+		Close:      true,
+		Shared:     true,
 		Lose: func(t *testing.T, l tenace.LockLease) {
 			srv.Terminate(t, pglock.BackendPID(l))
 		},

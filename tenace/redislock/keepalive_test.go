@@ -70,6 +70,8 @@ func TestConformance(t *testing.T) {
 		Losable:    true,
 		TTL:        true,
 		ExactStats: true,
+		Close:      true,
+		Shared:     true,
 		MinTTL:     250 * time.Millisecond,
 		WaitBound:  5 * time.Second,
 		Lose: func(t *testing.T, l tenace.LockLease) {
