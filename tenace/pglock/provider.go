@@ -567,13 +567,34 @@ func (p *Provider) reconnect(wctx context.Context) (*pgxpool.Conn, error) {
 // a backend that stalls after the grant doubled the call's wait (a cancel is
 // no use here anyway: discard ends the session, which frees its locks).
 // Past the deadline pgconn closes the connection.
+//
+// A cancel request sent for the statement cut short can reach the backend
+// only now (the server signals the backend after it has answered the
+// request) and cancel the unlock itself (SQLSTATE 57014): the session
+// would then keep the lock until the server notices the closed connection,
+// a few milliseconds after Acquire returned no lease. A cancel's signal is
+// spent on the statement it cancels, so the unlock is tried again, a few
+// times: the handler may have sent more than one request.
 func (p *Provider) unlockAll(conn *pgxpool.Conn) {
 	if conn.Conn().IsClosed() {
 		return
 	}
 	_ = conn.Conn().PgConn().Conn().SetDeadline(graceEnd(conn))
-	_, _ = conn.Exec(context.Background(), `SELECT pg_advisory_unlock_all()`)
+	for range unlockTries {
+		_, err := conn.Exec(context.Background(), `SELECT pg_advisory_unlock_all()`)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != sqlstateQueryCanceled {
+			return
+		}
+	}
 }
+
+// unlockTries bounds unlockAll's tries; sqlstateQueryCanceled is the
+// SQLSTATE of a statement a cancel request ended.
+const (
+	unlockTries           = 4
+	sqlstateQueryCanceled = "57014"
+)
 
 // failed says why a step of Acquire failed with err: ctx's error when the
 // caller's context ended; the closed error when Close was called meanwhile
