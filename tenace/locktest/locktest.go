@@ -19,6 +19,11 @@
 // fencing tokens, TTL, the lost-lease signal, Close, and locks shared by
 // provider values on one server.
 //
+// Every provider times a Timeout on LockAcquireOptions.Clock:
+// TimeoutOnClock passes a manual clock set in the real past, which must
+// neither keep a free key from being granted (a clock's deadline is not a
+// server call's) nor let real time end a wait the clock has not ended.
+//
 // The suite runs against real time (a distributed provider's server has no
 // fake clock), with short timeouts: its waits are bounded, and only where
 // timing is the point (a Timeout that must pass) does it wait for time. Each
@@ -39,6 +44,7 @@ import (
 	"time"
 
 	"tenace.dev/tenace"
+	"tenace.dev/tenace/internal/fakeclock"
 )
 
 // Capabilities is what a provider promises beyond the contract every
@@ -109,6 +115,7 @@ func Run(t *testing.T, newProvider func(t *testing.T) tenace.LockProvider, caps 
 	}{
 		{"Granted", s.granted, true},
 		{"NotGrantedInTime", s.notGrantedInTime, true},
+		{"TimeoutOnClock", s.timeoutOnClock, true},
 		{"NoWait", s.noWait, true},
 		{"ContextEndedOnEntry", s.ctxEndedOnEntry, true},
 		{"ContextEndsWhileWaiting", s.ctxEndsWhileWaiting, true},
@@ -265,6 +272,38 @@ func (s *suite) notGrantedInTime(t *testing.T) {
 	}
 	// Ended by its own Timeout, not by the key becoming free: still held.
 	s.assertHeld(t, p, key, "after a waiter's Timeout passed")
+}
+
+// timeoutOnClock: a Timeout is timed on opts.Clock, and only the Timeout.
+// The manual clock stands in the real past (2026-01-01), so a provider that
+// passed the clock's deadline on to its server calls (as a socket deadline)
+// would fail the free key's Acquire at once.
+func (s *suite) timeoutOnClock(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	c := fakeclock.New()
+	held := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{Timeout: time.Hour, Clock: c})
+	defer mustRelease(t, held)
+
+	const timeout = 20 * time.Millisecond
+	before := c.Pending()
+	ch := acquireAsync(s.ctx(t), p, key, tenace.LockAcquireOptions{Timeout: timeout, Clock: c})
+	s.eventually(t, "the waiter's Timeout registered on its clock (Clock.AfterFunc)", func() bool { return c.Pending() > before })
+	// Real time passes and the clock does not: the waiter waits. (A
+	// bounded real wait: that real time does not end it is the point.)
+	wait := time.NewTimer(5 * timeout)
+	select {
+	case r := <-ch:
+		wait.Stop()
+		t.Fatalf("a waiter whose Timeout (%v) runs on a clock that did not move returned (%v, %v) in real time: a Timeout must be timed on LockAcquireOptions.Clock", timeout, r.lease, r.err)
+	case <-wait.C:
+	}
+	c.Advance(timeout)
+	r := s.wait(t, ch, "waiter once its clock passed its Timeout")
+	if r.err != nil || r.lease != nil {
+		t.Fatalf("Acquire of a held key once its clock passed its Timeout = (%v, %v), want (nil, nil)", r.lease, r.err)
+	}
+	s.assertHeld(t, p, key, "after a waiter's Timeout passed on its clock")
 }
 
 func (s *suite) noWait(t *testing.T) {

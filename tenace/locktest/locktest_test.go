@@ -29,6 +29,7 @@ var brokenCases = map[string][]string{
 	"timeout-is-error":    {"NotGrantedInTime"},
 	"timeout-ignored":     {"NotGrantedInTime"},
 	"timeout-early":       {"NotGrantedInTime"},
+	"clock-ignored":       {"TimeoutOnClock"},
 	"timeout-waits-whole": {"GrantAfterRelease"},
 	"nowait-waits":        {"NoWait"},
 	"ended-ctx-holds":     {"ContextEndedOnEntry"},
@@ -225,6 +226,8 @@ func (p *refProvider) Acquire(ctx context.Context, key string, opts tenace.LockA
 		}
 	case "timeout-early":
 		opts.Timeout /= 5
+	case "clock-ignored":
+		opts.Clock = nil // the Timeout on real time
 	case "ended-ctx-holds":
 		if err := ctx.Err(); err != nil {
 			// Takes the key before it looks at ctx, and keeps it.
