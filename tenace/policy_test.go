@@ -310,6 +310,40 @@ func TestWithTimeoutOnAFakeClock(t *testing.T) {
 	require.Zero(t, clk.Pending())
 }
 
+// Inside fn, the cause of a context that WithTimeout's deadline ended is
+// errors.Is context.DeadlineExceeded, as a context.WithTimeout's is, on the
+// system clock and on a test clock; it names the step. (It was an error
+// that matched nothing, so fn code that checks context.Cause(ctx) for a
+// deadline took the timeout for something else.)
+func TestTheCauseOfATimeoutIsDeadlineExceeded(t *testing.T) {
+	requireCause := func(t *testing.T, err error) {
+		t.Helper()
+		var te *tenace.TimeoutError
+		require.ErrorAs(t, err, &te)
+		require.ErrorIs(t, te.Err, context.DeadlineExceeded, "fn returned context.Cause(ctx): %v", te.Err)
+		require.ErrorContains(t, te.Err, "WithTimeout(1m0s)")
+	}
+	synctest.Test(t, func(t *testing.T) {
+		requireCause(t, tenace.NewPolicy().WithTimeout(time.Minute).Execute(bg, func(ctx context.Context) error {
+			<-ctx.Done()
+			return context.Cause(ctx)
+		}))
+	})
+	clk := fakeclock.New()
+	entered := make(chan struct{})
+	result := make(chan error, 1)
+	go func() {
+		result <- tenace.NewPolicy().WithTimeout(time.Minute).WithClock(clk).Execute(bg, func(ctx context.Context) error {
+			close(entered)
+			<-ctx.Done()
+			return context.Cause(ctx)
+		})
+	}()
+	<-entered
+	clk.Advance(time.Minute)
+	requireCause(t, <-result)
+}
+
 func TestWithTimeoutReturnsTheParentsErrorWhenTheParentEndsFirst(t *testing.T) {
 	ctx, cancel := context.WithCancel(bg)
 	var rec recorder

@@ -45,9 +45,10 @@ func (e *TimeoutError) Unwrap() []error {
 // context whose deadline is d from the start of the step.
 //
 // Go is cooperative, so the step cannot stop the work: when the deadline
-// passes it ends the inner context and waits for the inner steps to return.
-// It never returns before them, so a lock outside it is never released while
-// fn still runs. Then:
+// passes it ends the inner context, with a cause (context.Cause) that names
+// the step and wraps context.DeadlineExceeded, and waits for the inner steps
+// to return. It never returns before them, so a lock outside it is never
+// released while fn still runs. Then:
 //   - its own deadline fired first: it emits [EventTimeout] and returns a
 //     [*TimeoutError];
 //   - the parent context ended first (its cancel, or an earlier deadline of
@@ -69,12 +70,15 @@ func NewTimeout(d time.Duration) *Timeout { return &Timeout{d: d} }
 // tell its own deadline from the parent's end. Each run makes its own, and
 // compares by identity: a context inherits its parent's cause, so with one
 // shared value an inner Timeout would take an outer one's deadline for its
-// own.
+// own. It wraps context.DeadlineExceeded, the cause a context.WithTimeout
+// has, so that fn's checks of context.Cause(ctx) see a deadline.
 type ownDeadline struct{ d time.Duration }
 
 func (e *ownDeadline) Error() string {
 	return fmt.Sprintf("tenace: the WithTimeout(%v) deadline passed", e.d)
 }
+
+func (e *ownDeadline) Unwrap() error { return context.DeadlineExceeded }
 
 // Run implements [Strategy].
 func (t *Timeout) Run(ctx context.Context, x Execution, next Next) error {
