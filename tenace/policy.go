@@ -103,9 +103,11 @@ func (p Policy) WithTimeout(d time.Duration) Policy { return p.With(policy.NewTi
 func (p Policy) WithLock(opts LockOptions) Policy { return p.With(NewLock(opts)) }
 
 // With adds the step s, wrapping the steps added before it. It panics if s
-// is nil.
+// is nil, a nil *Lock or *policy.Timeout included. (A nil pointer of a
+// step type of your own is accepted: its methods may work on a nil
+// receiver.)
 func (p Policy) With(s Strategy) Policy {
-	if s == nil {
+	if s == nil || s == Strategy((*Lock)(nil)) || s == Strategy((*policy.Timeout)(nil)) {
 		panic("tenace: Policy.With: nil strategy")
 	}
 	return Policy{p: p.p.With(s)}

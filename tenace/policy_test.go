@@ -14,6 +14,7 @@ import (
 	"tenace.dev/internal/proptest"
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/internal/fakeclock"
+	"tenace.dev/tenace/policy"
 )
 
 func noop(context.Context) error { return nil }
@@ -415,6 +416,13 @@ func TestMisusePanicsWithTenacePrefix(t *testing.T) {
 	for name, f := range map[string]func(){
 		"nil fn":       func() { _ = pol.Execute(bg, nil) },
 		"nil strategy": func() { pol.With(nil) },
+		// A nil *Lock or *Timeout is a nil strategy too (a variable never
+		// set): it crashed the first Execute with a bare nil dereference.
+		"nil *Lock":    func() { pol.With((*tenace.Lock)(nil)) },
+		"nil *Timeout": func() { pol.With((*policy.Timeout)(nil)) },
+		"nil *Timeout in a pipeline": func() {
+			_ = policy.Pipeline{}.With((*policy.Timeout)(nil))
+		},
 		"nil listener": func() { pol.OnEvent(nil) },
 		"nil Get fn":   func() { _, _ = tenace.Get[int](bg, pol, nil) },
 		//lint:ignore SA1012 the misuse under test

@@ -216,9 +216,10 @@ func appendCopy[T any](s []T, v T) []T {
 }
 
 // With returns the pipeline with s added as the new outermost step. It
-// panics if s is nil.
+// panics if s is nil, a nil *Timeout included. (A nil pointer of a step
+// type of your own is accepted: its methods may work on a nil receiver.)
 func (p Pipeline) With(s Strategy) Pipeline {
-	if s == nil {
+	if s == nil || s == Strategy((*Timeout)(nil)) {
 		panic("tenace: With: nil strategy")
 	}
 	p.steps = appendCopy(p.steps, s)
