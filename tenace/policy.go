@@ -136,7 +136,8 @@ func (p Policy) OnEvent(fn func(Event)) Policy {
 // WithClock sets the policy's time source, used by WithTimeout and passed
 // to lock providers for their Timeout; nil means the system clock. Tests
 // use it to drive time; under testing/synctest the system clock is already
-// fake.
+// fake. A WithTimeout on another clock gives fn a deadline on that clock,
+// which code that reads the real time misreads: see policy.Timeout.
 func (p Policy) WithClock(c Clock) Policy { return Policy{p: p.p.WithClock(c)} }
 
 // ExecuteOption is a per-call option of Execute and Get. It is a small

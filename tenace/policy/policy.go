@@ -280,9 +280,11 @@ func IsSystemClock(c Clock) bool { return isSystem(c) }
 type Clock interface {
 	// Now returns the current time.
 	Now() time.Time
-	// AfterFunc calls f in its own goroutine once d has passed, unless stop
-	// is called first; stop reports whether it prevented the call (the
-	// contract of time.Timer.Stop).
+	// AfterFunc calls f once d has passed, unless stop is called first;
+	// stop reports whether it prevented the call (the contract of
+	// time.Timer.Stop). The system clock calls f in its own goroutine; a
+	// test clock may call it on the goroutine that moves its time (as
+	// tenace's internal fake clock does), so f should not block.
 	AfterFunc(d time.Duration, f func()) (stop func() bool)
 }
 

@@ -57,7 +57,14 @@ func (e *TimeoutError) Unwrap() []error {
 //
 // With a clock other than the system clock, the inner context reports the
 // clock's deadline from Deadline and context.DeadlineExceeded from Err once
-// the clock fires; contexts derived from it report context.Canceled.
+// the clock fires; contexts derived from it report context.Canceled, the
+// context of a Timeout nested inside it included (whose Deadline is its own,
+// even when this one's is earlier). That deadline is an instant on the
+// clock, and code that compares it with the real time mixes the two: with a
+// test clock behind the real time it has passed already, so a
+// context.WithTimeout inside fn starts no timer of its own, and a client
+// that sets a socket deadline from it times out at once. Under
+// testing/synctest the system clock is fake, with none of this.
 type Timeout struct {
 	d time.Duration
 }
