@@ -113,12 +113,23 @@ func (t *Timeout) Run(ctx context.Context, x Execution, next Next) error {
 // context.WithTimeoutCause itself. With another clock the context reports
 // the clock's deadline from Deadline and context.DeadlineExceeded from Err
 // once the clock fires; contexts derived from it report context.Canceled.
-// Always call cancel.
+// As with context.WithTimeoutCause, a nil cause means
+// context.DeadlineExceeded, and a d that is not positive has passed
+// already. Always call cancel.
 func WithTimeoutCause(ctx context.Context, clock Clock, d time.Duration, cause error) (context.Context, context.CancelFunc) {
 	if isSystem(clock) {
 		return context.WithTimeoutCause(ctx, d, cause)
 	}
+	if cause == nil {
+		// Err compares the cause with it: nil would match a context
+		// that has not ended.
+		cause = context.DeadlineExceeded
+	}
 	inner, cancel := context.WithCancelCause(ctx)
+	if d <= 0 {
+		cancel(cause)
+		return &clockDeadlineCtx{Context: inner, deadline: clock.Now().Add(d), cause: cause}, func() { cancel(context.Canceled) }
+	}
 	stop := clock.AfterFunc(d, func() { cancel(cause) })
 	return &clockDeadlineCtx{Context: inner, deadline: clock.Now().Add(d), cause: cause}, func() {
 		stop()
