@@ -9,7 +9,9 @@ import (
 )
 
 // ErrMissingKey is returned when a Lock has no key: neither LockOptions.Key
-// nor the execution's key (WithKey) is set. Nothing runs.
+// nor the execution's key (WithKey) is set. fn does not run, nor do the
+// steps inside that Lock; steps outside it have run (an outer Lock with a
+// key of its own has acquired and released it).
 var ErrMissingKey = errors.New("tenace: no lock key: set LockOptions.Key, or pass tenace.WithKey(key) to Execute")
 
 // ErrProviderClosed is returned by a MemoryLockProvider's Acquire once the
@@ -20,7 +22,9 @@ var ErrProviderClosed = errors.New("tenace: the lock provider is closed; create 
 // ErrInvalidOption is wrapped by the errors that report an option out of its
 // range (LockOptions.Timeout below zero other than NoWait, a negative TTL, a
 // WithTimeout duration that is not positive); the message names the option.
-// Nothing runs.
+// It comes from the step with the option, when the call reaches it: fn does
+// not run, nor do the steps inside that one, but steps outside it have run
+// (a Lock around a WithTimeout(0) has acquired and released its lock).
 var ErrInvalidOption = policy.ErrInvalidOption
 
 // ErrLeaseLost is the cause (context.Cause) of the context a Lock gives the

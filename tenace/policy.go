@@ -30,8 +30,8 @@ type Strategy = policy.Strategy
 // EventLockAcquired come EventLockLost (possibly) and EventLockReleased. So a
 // listener can count the callers waiting now (+1 on acquiring, −1 on the
 // four that end a wait) and time waits and holds without clocks of its own.
-// A call refused before it waits (no key, an option out of range, ctx
-// already ended) emits nothing.
+// A call the Lock refuses before it waits (no key, one of its options out
+// of range, ctx already ended) emits nothing.
 const (
 	// EventLockAcquiring: the Lock asks its provider for the lock and may
 	// wait. Key is the lock key.
@@ -96,7 +96,8 @@ func NewPolicy() Policy { return Policy{} }
 // returns a *TimeoutError (errors.Is context.DeadlineExceeded) when it
 // passes. The step waits for fn to return: a lock outside it is never
 // released while fn runs, so fn should watch its context. A d that is not
-// positive makes Execute return an error wrapping ErrInvalidOption.
+// positive makes Execute return an error wrapping ErrInvalidOption once the
+// call reaches the step: fn does not run, but steps outside it have.
 func (p Policy) WithTimeout(d time.Duration) Policy { return p.With(policy.NewTimeout(d)) }
 
 // WithLock adds a Lock step with opts; see Lock.
@@ -125,7 +126,7 @@ func (p Policy) With(s Strategy) Policy {
 // calls at once: a listener must be safe for concurrent use and quick.
 // LogEvents is a ready-made one; tenace.dev/tenace/oteltenace records
 // OpenTelemetry metrics and spans. A policy without listeners reads no clock
-// and builds no event.
+// for events and builds none.
 func (p Policy) OnEvent(fn func(Event)) Policy {
 	if fn == nil {
 		panic("tenace: Policy.OnEvent: nil listener")

@@ -78,6 +78,20 @@ func TestExecuteRejectsOptionsOutOfRange(t *testing.T) {
 	require.Empty(t, fp.calls)
 }
 
+// An option out of range is found when the call reaches its step: steps
+// outside it have run by then, as ErrInvalidOption's doc says. fn does not.
+func TestAnOptionOutOfRangeStopsTheCallAtItsStep(t *testing.T) {
+	fp := &fakeProvider{}
+	var rec recorder
+	ran := false
+	err := tenace.NewPolicy().WithTimeout(0).WithLock(tenace.LockOptions{Provider: fp, Key: "k"}).OnEvent(rec.on).
+		Execute(bg, func(context.Context) error { ran = true; return nil })
+	require.ErrorIs(t, err, tenace.ErrInvalidOption)
+	require.False(t, ran)
+	require.Equal(t, []string{"lock.acquiring:k", "lock.acquired:k", "lock.released:k"}, rec.names(), "the outer Lock ran")
+	require.Equal(t, 1, fp.releaseCount())
+}
+
 func TestLockNotAcquiredWithinTimeoutReturnsLockNotAcquiredError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := tenace.NewMemoryLockProvider()
