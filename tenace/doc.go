@@ -53,7 +53,7 @@
 //
 //	fn returned err                          err, unchanged
 //	ctx already ended on entry               ctx's error; nothing runs
-//	no key from the lock nor the execution   ErrMissingKey; nothing runs
+//	no key from the lock nor the execution   ErrMissingKey; fn does not run
 //	an option out of range                   an error wrapping ErrInvalidOption, naming it
 //	lock not acquired within its Timeout     *LockNotAcquiredError{Key}; event lock.rejected
 //	ctx ends while waiting for the lock      ctx's error; fn does not run, even if the

@@ -157,7 +157,7 @@ func WithKey(key string) ExecuteOption { return ExecuteOption{key: key, hasKey: 
 //
 //	fn returned err                      err, unchanged
 //	ctx already ended on entry           ctx's error; nothing runs
-//	a Lock without any key               ErrMissingKey; nothing runs
+//	a Lock without any key               ErrMissingKey; fn does not run
 //	an option out of range               an error wrapping ErrInvalidOption
 //	lock not acquired within Timeout     *LockNotAcquiredError; event lock.rejected
 //	ctx ended while waiting for a lock   ctx's error; fn does not run
