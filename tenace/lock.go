@@ -167,6 +167,11 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 		held = &heldCtx{Context: ctx, lease: lease}
 	}
 	if err != nil {
+		if lease != nil {
+			// Against the contract (an error means nothing is held), but a
+			// lease handed out is given back, not leaked.
+			_ = lease.Release(context.WithoutCancel(ctx))
+		}
 		if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
 			if observed {
 				emitWaitEnd(ctx, x, EventLockCancelled, key, start, err)

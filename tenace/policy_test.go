@@ -249,6 +249,29 @@ func TestProviderFailureIsUnexpectedError(t *testing.T) {
 	require.False(t, ran)
 }
 
+// A provider that breaks its contract by returning a lease with an error
+// (or a lease as ctx ends) still gets that lease back: the Lock releases
+// whatever lease it is handed and does not run fn.
+func TestALeaseReturnedWithAnErrorIsReleased(t *testing.T) {
+	var fp *fakeProvider
+	fp = &fakeProvider{acquire: func(context.Context, string) (tenace.LockLease, error) { return &fakeLease{p: fp}, errBoom }}
+	ran := false
+	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp, Key: "k"}).
+		Execute(bg, func(context.Context) error { ran = true; return nil })
+	require.ErrorIs(t, err, errBoom)
+	require.False(t, ran)
+	require.Equal(t, 1, fp.releaseCount(), "the lease handed back with the error is released")
+
+	ctx, cancel := context.WithCancel(bg)
+	fp.acquire = func(context.Context, string) (tenace.LockLease, error) {
+		cancel()
+		return &fakeLease{p: fp}, context.Canceled
+	}
+	err = tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp, Key: "k"}).Execute(ctx, noop)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, 2, fp.releaseCount(), "also when the error is ctx's")
+}
+
 func TestClosedProviderIsUnexpectedErrorWrappingErrProviderClosed(t *testing.T) {
 	p := tenace.NewMemoryLockProvider()
 	require.NoError(t, p.Close())
