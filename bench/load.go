@@ -77,8 +77,8 @@ func burnCPU(n int) (stop func()) {
 	}
 }
 
-// runCell runs c for c.Duration and measures it. progress, if set, gets a
-// line about every 250ms.
+// runCell makes c's implementation, runs c for c.Duration and measures it
+// (see measure). progress, if set, gets a line about every 250ms.
 func runCell(c cell, progress io.Writer, label string) (result, error) {
 	l, ok := makeLocker(c.Impl, c.Shards)
 	if c.Redis != "" {
@@ -94,6 +94,11 @@ func runCell(c cell, progress io.Writer, label string) (result, error) {
 		return result{}, fmt.Errorf("unknown implementation %q", c.Impl)
 	}
 	defer l.Close()
+	return measure(l, c, progress, label)
+}
+
+// measure runs c's scenario on l for c.Duration and measures it.
+func measure(l Locker, c cell, progress io.Writer, label string) (result, error) {
 	ws := newWorkers(c.Scenario, c.Goroutines, c.Keys)
 
 	// One counter per key, aligned with each worker's sequence, for the
