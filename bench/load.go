@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -28,8 +29,8 @@ type cell struct {
 // result is what a cell measured.
 type result struct {
 	cell
-	Ops       int64         `json:"ops"`
-	Gaveup    int64         `json:"gave_up"` // acquires whose context ended first (cancel scenario)
+	Ops       int64         `json:"ops"`     // operations that acquired, ran fn and released: what ops/s counts
+	Gaveup    int64         `json:"gave_up"` // operations whose context ended before they acquired (cancel scenario): not in Ops
 	Elapsed   time.Duration `json:"elapsed_ns"`
 	OpsPerSec float64       `json:"ops_per_sec"`
 	P50       time.Duration `json:"p50_ns"`
@@ -118,6 +119,9 @@ func measure(l Locker, c cell, progress io.Writer, label string) (result, error)
 	var (
 		stop      atomic.Bool
 		ops, gave atomic.Int64
+		failOnce  sync.Once
+		failed    error                 // the first operation that failed (set in failOnce): it fails the cell
+		failedC   = make(chan struct{}) // closed with failed set: the cell stops at once
 		maxInside atomic.Int32
 		wg        sync.WaitGroup
 		ready     sync.WaitGroup
@@ -129,7 +133,9 @@ func measure(l Locker, c cell, progress io.Writer, label string) (result, error)
 		hists[i] = h
 		var t0 time.Time
 		var ctr *atomic.Int32
+		var ran bool
 		w.fn = func(context.Context) error {
+			ran = true
 			_ = h.RecordValue(int64(time.Since(t0)))
 			n := ctr.Add(1)
 			for m := maxInside.Load(); n > m && !maxInside.CompareAndSwap(m, n); m = maxInside.Load() {
@@ -148,13 +154,23 @@ func measure(l Locker, c cell, progress io.Writer, label string) (result, error)
 			var n int64
 			for j := 0; !stop.Load(); j++ {
 				ctr = inside[i][(w.offset+j)%len(w.keys)]
+				ran = false
 				t0 = time.Now()
-				if err := w.op(ctx, l, j); err != nil {
-					gave.Add(1)
-				}
-				if n++; n == 64 {
-					ops.Add(n)
-					n = 0
+				ended, err := w.op(ctx, l, j)
+				switch {
+				case err == nil && ran:
+					if n++; n == 64 {
+						ops.Add(n)
+						n = 0
+					}
+				case err != nil && ended && !ran:
+					gave.Add(1) // gave up: never held the key
+				default:
+					if err == nil {
+						err = errors.New("Do returned nil without running fn")
+					}
+					failOnce.Do(func() { failed = err; close(failedC) })
+					stop.Store(true)
 				}
 			}
 			ops.Add(n)
@@ -177,6 +193,8 @@ loop:
 			}
 		case <-deadline.C:
 			break loop
+		case <-failedC:
+			break loop
 		}
 	}
 	tick.Stop()
@@ -185,6 +203,9 @@ loop:
 	elapsed := time.Since(began)
 	if progress != nil {
 		fmt.Fprintf(progress, "\r%-70s\r", "")
+	}
+	if failed != nil {
+		return result{}, fmt.Errorf("%s %s g=%d: an operation failed: %w", c.Impl, c.Scenario, c.Goroutines, failed)
 	}
 	all := hdrhistogram.New(1, int64(time.Minute), 2)
 	for _, h := range hists {

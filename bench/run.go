@@ -20,16 +20,20 @@ func noop(context.Context) error { return nil }
 // key is the key of operation i.
 func (w *worker) key(i int) string { return w.keys[(w.offset+i)%len(w.keys)] }
 
-// op runs operation i of w on l.
-func (w *worker) op(ctx context.Context, l Locker, i int) error {
+// op runs operation i of w on l and returns Do's error; ended reports
+// whether the operation's own context had ended by then (only the cancel
+// scenario's short-lived ones end), which tells a give-up from a failure.
+func (w *worker) op(ctx context.Context, l Locker, i int) (ended bool, err error) {
 	key := w.key(i)
 	if w.cancel && i%10 == 9 {
 		c, stop := context.WithTimeout(ctx, cancelWait*time.Nanosecond)
 		err := l.Do(c, key, w.fn)
+		ended = c.Err() != nil
 		stop()
-		return err
+		return ended, err
 	}
-	return l.Do(ctx, key, w.fn)
+	err = l.Do(ctx, key, w.fn)
+	return ctx.Err() != nil, err
 }
 
 func newWorkers(scenario string, g, keys int) []*worker {
@@ -60,7 +64,7 @@ func runFixed(l Locker, ws []*worker, n int) time.Duration {
 			ready.Done()
 			<-start
 			for j := range count {
-				_ = w.op(ctx, l, j)
+				_, _ = w.op(ctx, l, j)
 			}
 		}()
 	}
