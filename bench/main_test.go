@@ -97,3 +97,20 @@ func runCapture(t *testing.T, args []string) (captured, string) {
 	code := run(args, &stdout, &stderr)
 	return captured{code, stdout.String()}, stderr.String()
 }
+
+// A cell that let two holders in says so, also when some of its operations
+// gave up; results.md shows the give-ups the terminal table shows.
+func TestTheTableAndResultsMDShowBrokenAndGaveUp(t *testing.T) {
+	r := result{cell: cell{Impl: "tenace", Scenario: "cancel", Goroutines: 16}, Ops: 100, Gaveup: 7, OpsPerSec: 100, MaxInside: 2}
+	var row strings.Builder
+	printRow(&row, r, nil)
+	require.Contains(t, row.String(), "BROKEN")
+	require.Contains(t, row.String(), "7 gave up")
+
+	dir := t.TempDir()
+	require.NoError(t, writeOutputs(dir, []result{r}))
+	md, err := os.ReadFile(filepath.Join(dir, "results.md"))
+	require.NoError(t, err)
+	require.Contains(t, string(md), "| gave up |")
+	require.Contains(t, string(md), "| 2 | 7 |")
+}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,13 +34,14 @@ func printRow(w io.Writer, r result, base *result) {
 	if base != nil && base.OpsPerSec > 0 {
 		ratio = fmt.Sprintf("%.2fx", r.OpsPerSec/base.OpsPerSec)
 	}
-	note := ""
+	var notes []string
 	if r.MaxInside > 1 {
-		note = "BROKEN: two holders at once"
+		notes = append(notes, "BROKEN: two holders at once")
 	}
 	if r.Gaveup > 0 {
-		note = fmt.Sprintf("%d gave up", r.Gaveup)
+		notes = append(notes, fmt.Sprintf("%d gave up", r.Gaveup))
 	}
+	note := strings.Join(notes, "; ")
 	fmt.Fprintf(w, header, r.Impl, r.Scenario, fmt.Sprint(r.Goroutines), fmt.Sprintf("%.0f", r.OpsPerSec), ratio,
 		dur(r.P50), dur(r.P99), dur(r.P999), dur(r.Max), fmt.Sprint(r.MaxInside), note)
 }
@@ -80,15 +82,29 @@ func writeOutputs(dir string, rs []result) error {
 	if len(rs) > 0 && rs[0].Busy > 0 {
 		fmt.Fprintf(&md, "Every cell ran beside %d goroutines burning CPU (-busy).\n\n", rs[0].Busy)
 	}
-	md.WriteString("| impl | scenario | g | ops/s | vs tenace | p50 | p99 | p999 | max | inside |\n")
-	md.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	// The gave-up column only when some cell gave up (the cancel scenario),
+	// so that the usual table keeps its shape.
+	gaveUp := slices.ContainsFunc(rs, func(r result) bool { return r.Gaveup > 0 })
+	md.WriteString("| impl | scenario | g | ops/s | vs tenace | p50 | p99 | p999 | max | inside |")
+	if gaveUp {
+		md.WriteString(" gave up |")
+	}
+	md.WriteString("\n|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+	if gaveUp {
+		md.WriteString("--:|")
+	}
+	md.WriteString("\n")
 	for _, r := range rs {
 		ratio := "-"
 		if b := baseOf(rs, r); b != nil && b.OpsPerSec > 0 {
 			ratio = fmt.Sprintf("%.2fx", r.OpsPerSec/b.OpsPerSec)
 		}
-		fmt.Fprintf(&md, "| %s | %s | %d | %.0f | %s | %s | %s | %s | %s | %d |\n", r.Impl, r.Scenario, r.Goroutines,
+		fmt.Fprintf(&md, "| %s | %s | %d | %.0f | %s | %s | %s | %s | %s | %d |", r.Impl, r.Scenario, r.Goroutines,
 			r.OpsPerSec, ratio, dur(r.P50), dur(r.P99), dur(r.P999), dur(r.Max), r.MaxInside)
+		if gaveUp {
+			fmt.Fprintf(&md, " %d |", r.Gaveup)
+		}
+		md.WriteString("\n")
 	}
 	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(md.String()), 0o644); err != nil {
 		return err
