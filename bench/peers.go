@@ -88,7 +88,10 @@ func (t *providerLocker) Do(ctx context.Context, key string, fn func(context.Con
 		return errors.New("not acquired")
 	}
 	_ = fn(ctx)
-	return l.Release(ctx)
+	// As tenace's Lock step releases: neither ctx's cancel nor its
+	// deadline may cut the release short, or the key would stay held until
+	// its TTL; the provider bounds a release without a deadline itself.
+	return l.Release(context.WithoutCancel(ctx))
 }
 func (t *providerLocker) TakesContext() bool { return true }
 func (t *providerLocker) Close()             { _ = t.p.Close() }

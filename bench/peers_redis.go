@@ -47,7 +47,7 @@ func (r *redsyncLocker) Do(ctx context.Context, key string, fn func(context.Cont
 		return err
 	}
 	_ = fn(ctx)
-	_, err := m.UnlockContext(ctx)
+	_, err := m.UnlockContext(context.WithoutCancel(ctx)) // released as providerLocker releases
 	return err
 }
 func (r *redsyncLocker) TakesContext() bool { return true }
@@ -61,7 +61,7 @@ func (b *bsmLocker) Do(ctx context.Context, key string, fn func(context.Context)
 		return err
 	}
 	_ = fn(ctx)
-	return lock.Release(ctx)
+	return lock.Release(context.WithoutCancel(ctx)) // released as providerLocker releases
 }
 func (b *bsmLocker) TakesContext() bool { return true }
 func (b *bsmLocker) Close()             {}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 
 	"tenace.dev/internal/redistest"
 )
@@ -109,5 +110,29 @@ func BenchmarkRedis(b *testing.B) {
 				b.ReportMetric(float64(handoffs)/float64(b.N), "handoffs/op")
 			}
 		})
+	}
+}
+
+// Every Redis peer releases a lock it holds even when the operation's
+// context ends while it holds it (as tenace's Lock step releases, with
+// context.WithoutCancel): with the context's end cutting the release short,
+// the key stayed held until its TTL (10s), and the next operation on it
+// waited for that.
+func TestRedisPeersReleaseWhenTheContextEndsWhileHolding(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, impl := range redisImpls {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		l := impl.make(c)
+		key := "ctx-ends-" + impl.name
+		ctx, cancel := context.WithCancel(context.Background())
+		_ = l.Do(ctx, key, func(context.Context) error { cancel(); return nil })
+		next, stop := context.WithTimeout(context.Background(), 2*time.Second)
+		ran := false
+		err := l.Do(next, key, func(context.Context) error { ran = true; return nil })
+		stop()
+		require.NoError(t, err, impl.name)
+		require.True(t, ran, impl.name)
+		l.Close()
+		require.NoError(t, c.Close())
 	}
 }
