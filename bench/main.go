@@ -229,6 +229,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}
+	if len(cells) == 0 {
+		fmt.Fprintf(stderr, "bench: no cell to run: the cancel scenario runs only for implementations that take a context (not %s)\n", strings.Join(c.impls, ", "))
+		return 2
+	}
 	busyNote := ""
 	if c.busy > 0 {
 		busyNote = fmt.Sprintf(", beside %d goroutines burning CPU", c.busy)

@@ -114,3 +114,12 @@ func TestTheTableAndResultsMDShowBrokenAndGaveUp(t *testing.T) {
 	require.Contains(t, string(md), "| gave up |")
 	require.Contains(t, string(md), "| 2 | 7 |")
 }
+
+// cancel runs only for implementations that take a context: with none of
+// those, there is nothing to run, and the tool says so instead of printing
+// an empty table and exiting 0.
+func TestNoCellToRunIsAnError(t *testing.T) {
+	out, errOut := runCapture(t, []string{"-impl", "moby,keymutex", "-scenario", "cancel", "-quiet"})
+	require.Equal(t, 2, out.code)
+	require.Contains(t, errOut, "no cell to run")
+}
