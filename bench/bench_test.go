@@ -70,7 +70,8 @@ var goroutineCounts = []int{1, 16, 256}
 
 // BenchmarkLock is BenchmarkLock/<impl>/<scenario>/g=<N>: one op is one
 // acquire + release with nothing done while holding; ns/op is wall time over
-// all goroutines' ops.
+// all goroutines' ops. In cancel, an op is an attempt: the ones that gave up
+// count in b.N too, and gaveup/op says what share of them did.
 func BenchmarkLock(b *testing.B) {
 	for _, impl := range impls {
 		b.Run(impl.name, func(b *testing.B) {
@@ -86,9 +87,12 @@ func BenchmarkLock(b *testing.B) {
 							ws := newWorkers(sc, g, 0)
 							b.ReportAllocs()
 							b.ResetTimer()
-							d := runFixed(l, ws, b.N)
+							d, gaveUp := runFixed(l, ws, b.N)
 							b.StopTimer()
 							b.ReportMetric(float64(d.Nanoseconds())/float64(b.N), "wall-ns/op")
+							if sc == "cancel" {
+								b.ReportMetric(float64(gaveUp)/float64(b.N), "gaveup/op")
+							}
 						})
 					}
 				})
@@ -119,7 +123,7 @@ func BenchmarkBusy(b *testing.B) {
 							defer stop()
 							b.ReportAllocs()
 							b.ResetTimer()
-							runFixed(l, ws, b.N)
+							_, _ = runFixed(l, ws, b.N)
 						})
 					}
 				})

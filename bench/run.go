@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -46,9 +47,11 @@ func newWorkers(scenario string, g, keys int) []*worker {
 
 // runFixed runs n operations split over the workers, each on its own
 // goroutine, all released at once; it returns the wall time from the release
-// to the last goroutine's end.
-func runFixed(l Locker, ws []*worker, n int) time.Duration {
+// to the last goroutine's end, and how many of the n operations failed (in
+// the cancel scenario, those that gave up: they count in n all the same).
+func runFixed(l Locker, ws []*worker, n int) (time.Duration, int64) {
 	var ready, done sync.WaitGroup
+	var failed atomic.Int64
 	start := make(chan struct{})
 	ctx := context.Background()
 	per, extra := n/len(ws), n%len(ws)
@@ -64,7 +67,9 @@ func runFixed(l Locker, ws []*worker, n int) time.Duration {
 			ready.Done()
 			<-start
 			for j := range count {
-				_, _ = w.op(ctx, l, j)
+				if _, err := w.op(ctx, l, j); err != nil {
+					failed.Add(1)
+				}
 			}
 		}()
 	}
@@ -72,5 +77,5 @@ func runFixed(l Locker, ws []*worker, n int) time.Duration {
 	t0 := time.Now()
 	close(start)
 	done.Wait()
-	return time.Since(t0)
+	return time.Since(t0), failed.Load()
 }
