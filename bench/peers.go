@@ -14,8 +14,9 @@ import (
 )
 
 // Locker is the one small interface every implementation is measured
-// behind: Do runs fn while holding key, and returns ctx's error when it
-// gave up first. fn is made once per goroutine, not per call, so that the
+// behind: Do runs fn while holding key, and returns an error when it gave
+// up first (ctx's, or the library's own: redsync returns ErrFailed), which
+// the load tool counts as a give-up when ctx had ended and fn had not run. fn is made once per goroutine, not per call, so that the
 // interface costs no allocation of its own.
 type Locker interface {
 	Do(ctx context.Context, key string, fn func(context.Context) error) error

@@ -15,12 +15,15 @@ import (
 )
 
 // The distributed peers, on one Redis server. Each waits the way its
-// library does by default, with retries made unlimited where the default
-// gives up (the benchmarks measure waiting, not giving up):
+// library does by default, with retries added where the default gives up
+// at once (the benchmarks measure waiting, not giving up):
 //
 //	tenace-redis  tenace/redislock: waits on the release message (fallback retry 1s)
-//	redsync       go-redsync/redsync: polls, 50–250ms apart (its default delay)
-//	bsm           bsm/redislock: polls, linear backoff 10ms (it has no default retry)
+//	redsync       go-redsync/redsync: polls, 50–250ms apart (its default delay), tries unlimited
+//	bsm           bsm/redislock: polls every 10ms (LinearBackoff is a constant
+//	              interval; it has no default retry); with no deadline on
+//	              ctx, Obtain gives up after the TTL (10s) with
+//	              context.DeadlineExceeded, which no cell's wait reaches
 var redisImpls = []struct {
 	name string
 	desc string
