@@ -71,7 +71,9 @@ func BenchmarkPostgres(b *testing.B) {
 		srv := redistest.Start(b)
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 64})
 		defer c.Close()
-		handoff(b, redisImpls[0].make(c), "h-tenace-redis")
+		l := redisImpls[0].make(c)
+		defer l.Close()
+		handoff(b, l, "h-tenace-redis")
 	})
 }
 

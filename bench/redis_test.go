@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -66,49 +65,8 @@ func BenchmarkRedis(b *testing.B) {
 			c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 64})
 			defer c.Close()
 			l := impl.make(c)
-			const contenders = 8
-			key := "h-" + impl.name
-			var (
-				mu          sync.Mutex // guards the hand-off record, written inside the lock
-				lastHolder  = -1
-				lastRelease time.Time
-				handoffs    int
-				handoffSum  time.Duration
-				left        atomic.Int64
-				wg          sync.WaitGroup
-			)
-			left.Store(int64(b.N))
-			b.ResetTimer()
-			for g := range contenders {
-				wg.Go(func() {
-					ctx := context.Background()
-					fn := func(context.Context) error {
-						mu.Lock()
-						if lastHolder != g && lastHolder >= 0 {
-							handoffs++
-							handoffSum += time.Since(lastRelease)
-						}
-						mu.Unlock()
-						return nil
-					}
-					for left.Add(-1) >= 0 {
-						_ = l.Do(ctx, key, func(ctx context.Context) error {
-							_ = fn(ctx)
-							mu.Lock()
-							lastHolder, lastRelease = g, time.Now()
-							mu.Unlock()
-							return nil
-						})
-						time.Sleep(200 * time.Microsecond) // think time: let the others in
-					}
-				})
-			}
-			wg.Wait()
-			b.StopTimer()
-			if handoffs > 0 {
-				b.ReportMetric(float64(handoffSum.Microseconds())/float64(handoffs), "handoff-µs")
-				b.ReportMetric(float64(handoffs)/float64(b.N), "handoffs/op")
-			}
+			defer l.Close()
+			handoff(b, l, "h-"+impl.name)
 		})
 	}
 }
