@@ -73,6 +73,9 @@ type UnexpectedError struct {
 
 // Error says that the work did not run, and why.
 func (e *UnexpectedError) Error() string {
+	if e.Err == nil { // only a value built by hand: never one tenace returns
+		return "tenace: the lock provider failed, so the work did not run"
+	}
 	// The cause often carries the same prefix ("tenace: ..."): say it once.
 	return "tenace: the lock provider failed, so the work did not run: " + strings.TrimPrefix(e.Err.Error(), "tenace: ")
 }

@@ -866,6 +866,7 @@ func TestErrorMessagesSayWhatHappenedAndWhatToDo(t *testing.T) {
 	require.Equal(t, `tenace: lock "reports" not acquired within its timeout: another call holds it; retry later or raise LockOptions.Timeout`,
 		(&tenace.LockNotAcquiredError{Key: "reports"}).Error())
 	require.Equal(t, "tenace: the lock provider failed, so the work did not run: boom", (&tenace.UnexpectedError{Err: errBoom}).Error())
+	require.Equal(t, "tenace: the lock provider failed, so the work did not run", (&tenace.UnexpectedError{}).Error(), "a value built by hand without Err")
 	require.Contains(t, tenace.ErrMissingKey.Error(), "LockOptions.Key")
 	require.Contains(t, tenace.ErrProviderClosed.Error(), "closed")
 	require.Contains(t, (&tenace.TimeoutError{Timeout: time.Second, Key: "k"}).Error(), `(key "k")`)
