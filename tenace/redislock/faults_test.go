@@ -706,3 +706,26 @@ func TestWaitersAreNotHeldByAPubSubReconnectInProgress(t *testing.T) {
 	require.NoError(t, heldA.Release(bg))
 	require.NoError(t, heldB.Release(bg))
 }
+
+// A window with a fraction of a millisecond: a renewal tells the server
+// whole milliseconds, and the lease must not count the fraction: its
+// expiry after a renewal is no later than the server's (measured from
+// before the renewal was sent).
+func TestAFractionalWindowNeverPromisesMoreThanTheServerKeeps(t *testing.T) {
+	_, c := setup(t)
+	var renewalSent atomic.Int64 // UnixNano of the first renewal's send
+	c.AddHook(scriptHook(func(numKeys string) {
+		if numKeys == "1" {
+			renewalSent.CompareAndSwap(0, time.Now().UnixNano())
+		}
+	}))
+	const window = 60*time.Millisecond + 999*time.Microsecond
+	p := newProvider(t, c, redislock.WithWindow(window))
+	l := mustAcquire(t, p, "frac", tenace.LockAcquireOptions{})
+	expiry := func() time.Time { return l.(interface{ Expiry() time.Time }).Expiry() }
+	first := expiry()
+	eventually(t, "a renewal moved the expiry", func() bool { return expiry().After(first) })
+	sent := time.Unix(0, renewalSent.Load())
+	require.LessOrEqual(t, expiry().Sub(sent), 60*time.Millisecond, "the server keeps the key 60ms from the renewal's run")
+	require.NoError(t, l.Release(bg))
+}

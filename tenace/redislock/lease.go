@@ -183,7 +183,9 @@ func (l *lease) renew() {
 		return
 	}
 	sent := time.Now()
-	px, final := p.window, false
+	// Whole milliseconds, rounded down, as the acquire's first expiry: the
+	// lease never promises more than the server keeps.
+	px, final := p.window.Truncate(time.Millisecond), false
 	if !l.cap.IsZero() {
 		if rest := l.cap.Sub(sent).Truncate(time.Millisecond); rest <= px {
 			px, final = rest, true
