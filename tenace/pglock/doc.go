@@ -144,10 +144,12 @@
 //     TestKilledHolderFreesTheKey). A stalled server process is not a loss:
 //     its kernel still answers keepalives, and it grants nobody else.
 //   - its TTL passes (LockAcquireOptions.TTL, else WithTTL; none by
-//     default): the lease is lost with tenace.ErrLeaseExpired, and the lock
-//     released right after — Lost closes first, then the unlock's round
-//     trip, so that the holder learns of the loss before anyone else can be
-//     granted the lock.
+//     default), timed from the grant on the call's LockAcquireOptions.Clock
+//     as its Timeout is (on a test clock, when that clock passes it; the
+//     server keeps no expiry): the lease is lost with
+//     tenace.ErrLeaseExpired, and the lock released right after — Lost
+//     closes first, then the unlock's round trip, so that the holder
+//     learns of the loss before anyone else can be granted the lock.
 //   - the provider is closed: every lease's Lost closes at once, before any
 //     unlock; the unlocks then run in parallel, so that a stalled backend
 //     holds up neither the other leases nor their locks (see Close).

@@ -134,6 +134,13 @@ func (p *Provider) queue(key string, d int) {
 // waiting in this process (inside Acquire, whether for a connection or on
 // the server's lock queue), and the most of those waiting for one key. It
 // is three atomic loads.
+//
+// A lease counts in Held from its grant until its lock is given back: a
+// Release's unlock; for a lease lost to its TTL or to Close, until the
+// unlock that follows the loss has run — which can be after a Release that
+// returned the loss, since the lock is held on the server and its
+// connection pinned until then (Close returns after it); for a lease whose
+// connection ended, until that connection is closed, a moment after Lost.
 func (p *Provider) Stats() tenace.LockStats {
 	return tenace.LockStats{Held: int(p.held.Load()), Waiting: int(p.waiting.Load()), LongestQueue: int(p.longest.Load())}
 }
