@@ -116,10 +116,14 @@ func validate(key string, opts tenace.LockAcquireOptions) error {
 // ended, or it got the lock) waits for nothing: its UNSUBSCRIBE, or the
 // connection's close, is sent after it returned.
 //
+// The TTL runs on real time, from just before the grant's script was sent
+// (the server's expiry is on its own clock), whatever opts.Clock.
+//
 // Invalid input: an empty key (an error wrapping tenace.ErrMissingKey), a
 // negative Timeout other than NoWait, a negative TTL or one under a
 // millisecond (tenace.ErrInvalidOption). On a closed provider, an error
-// wrapping tenace.ErrProviderClosed.
+// wrapping tenace.ErrProviderClosed (an Acquire whose grant came as the
+// provider was closed returns a lease already lost: see Close).
 //
 // When Acquire returns no lease after a Redis call whose outcome is unknown
 // (an error or a deadline after the script was sent), the script may yet

@@ -208,7 +208,9 @@ func CheckClient(client redis.UniversalClient) error {
 
 // Close stops the provider's background work and refuses later acquires
 // (their error wraps tenace.ErrProviderClosed); callers waiting in Acquire
-// return that error too. Leases held stop being renewed and are lost at
+// return that error too, but one whose acquire script was on its way and
+// took the key gets its lease, lost already, as a lease held at Close.
+// Leases held stop being renewed and are lost at
 // once (their Err says the provider was closed; a Lock ends its fn's
 // context); their keys stay held until Release, which still deletes them,
 // or for at most one window. Acquires whose outcome was unknown and are not
@@ -261,6 +263,11 @@ func (p *Provider) isClosed() bool {
 // released nor lost), and the callers of this provider waiting in this
 // process (past their first try, subscribed to a release channel): all of
 // them, and the most for one key. Three atomic loads.
+//
+// A lease leaves Held before its Lost closes, and when Release is called,
+// before its call to the server and whatever its outcome (after a failed
+// Release the key may stay held, for one window at most); a lease granted
+// as Close ran, lost at once, never counts.
 func (p *Provider) Stats() tenace.LockStats {
 	return tenace.LockStats{
 		Held:         int(p.held.Load()),
