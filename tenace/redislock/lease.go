@@ -285,8 +285,9 @@ func (l *lease) stopLocked() {
 // outlive the renewals (on a client with ContextTimeoutEnabled; otherwise
 // the client's ReadTimeout bounds the call); once one succeeded, Release does
 // nothing and returns nil. When the lock was no longer this lease's — lost
-// (Lost closed; Release still deletes the key if it is this grant's), or
-// found gone or taken — it returns an error wrapping tenace.ErrLeaseLost
+// (Lost closed; Release still deletes the key if it is this grant's, and
+// if that call fails, says so in its error too and can be called again),
+// or found gone or taken — it returns an error wrapping tenace.ErrLeaseLost
 // and never touches another holder's lock; a call after a failed one that
 // finds the key gone returns nil, since the failed call may have deleted
 // it.
@@ -346,15 +347,20 @@ func (l *lease) Release(ctx context.Context) error {
 		close(l.released) // wakes the Releases that waited for this one
 		l.released = nil
 	}
+	if err != nil && ctx.Err() != nil {
+		err = ctx.Err()
+	}
 	if lost {
+		if err != nil {
+			// The key may still be this grant's (after Close, say): the
+			// lease stays lost, so that Release can try again.
+			return fmt.Errorf("redislock: releasing %q: %w; deleting its key failed too, so it may stay held (for at most one window); call Release again: %w", a.key, l.Err(), err)
+		}
 		l.state = stateDone
 		return fmt.Errorf("redislock: releasing %q: %w", a.key, l.Err())
 	}
 	if err != nil {
 		l.unsure = true
-		if ctx.Err() != nil {
-			err = ctx.Err()
-		}
 		return fmt.Errorf("redislock: releasing %q failed, so the lock may still be held (for at most one window); call Release again: %w", a.key, err)
 	}
 	l.state = stateDone

@@ -168,3 +168,22 @@ func TestAGrantAsCloseRunsIsLostAtOnce(t *testing.T) {
 	require.ErrorIs(t, l.Release(bg), tenace.ErrLeaseLost)
 	require.Zero(t, c.Exists(bg, "tenace:lock:{closing}").Val(), "Release deleted the key")
 }
+
+// A Release of a lost lease whose call fails says so and can be called
+// again: after Close the keys stay held until Release deletes them, so a
+// failed deletion must not pass for one done.
+func TestAFailedReleaseOfALostLeaseCanBeRetried(t *testing.T) {
+	_, c := setup(t)
+	p := redislock.New(c)
+	l := mustAcquire(t, p, "lost-retry", tenace.LockAcquireOptions{})
+	require.NoError(t, p.Close())
+	ctx, cancel := context.WithCancel(bg)
+	cancel()
+	err := l.Release(ctx)
+	require.ErrorIs(t, err, tenace.ErrLeaseLost)
+	require.ErrorIs(t, err, context.Canceled, "the failed call is reported")
+	require.Equal(t, int64(1), c.Exists(bg, "tenace:lock:{lost-retry}").Val())
+	require.ErrorIs(t, l.Release(bg), tenace.ErrLeaseLost)
+	require.Zero(t, c.Exists(bg, "tenace:lock:{lost-retry}").Val(), "the retry deleted the key")
+	require.NoError(t, l.Release(bg), "done: nothing more")
+}
