@@ -13,9 +13,9 @@ import (
 
 // TestUncontendedAcquireReleaseAllocatesNothing pins the allocation
 // budget of an uncontended acquire+release at the shard level: nothing but
-// the Grants' slabs (one allocation per grantSlab grants: a released Grant
-// may sit on the reclaim list, so it is never reused; the provider's lease
-// is that Grant) — also on the message path.
+// the Grants' slabs (one allocation per grantSlab grants: a Grant is never
+// reused, so that a second Release of it still names its own grant; the
+// provider's lease is that Grant) — also on the message path.
 func TestUncontendedAcquireReleaseAllocatesNothing(t *testing.T) {
 	g := NewGroup(Options{Shards: 1})
 	defer g.Stop()

@@ -41,9 +41,10 @@ const (
 	gaveUpTimeout
 )
 
-// reply is 16 bytes, so that a waiter's channel (96-byte header and a
-// buffer of one) fits the 112-byte size class. A grant's token and entry
-// are in the Grant it points to, which the shard filled in before sending.
+// reply is 16 bytes: a waiter's channel, a 112-byte header (Go 1.26's
+// runtime) and a buffer of one, takes the 128-byte size class, as it would
+// with an 8-byte reply. A grant's token and entry are in the Grant it
+// points to, which the shard filled in before sending.
 type reply struct {
 	kind  replyKind
 	grant *Grant // when kind is replyGranted
@@ -174,11 +175,11 @@ func (g *Grant) Release() {
 
 // Shard is one shard goroutine and the [Table] it alone owns.
 //
-// Concurrency: table, out and queued are owned by the loop goroutine (the
-// actor's handler); callers reach them only through mailbox messages, except
-// for a release by CAS, which touches only the table's atomics (see
-// [Grant.Release]). waiting and longest are written by the loop and read by
-// anyone. No mutex guards anything here.
+// Concurrency: table, out, queued and grants are owned by the loop
+// goroutine (the actor's handler); callers reach them only through mailbox
+// messages, except for a release by CAS, which touches only the table's
+// atomics (see [Grant.Release]). waiting and longest are written by the
+// loop and read by anyone. No mutex guards anything here.
 type Shard struct {
 	group *Group
 	mb    *actor.Actor[message]
@@ -471,8 +472,8 @@ func (s *Shard) Sync(ctx context.Context) error {
 }
 
 // Size is the number of keys this shard holds or has waiters for: exact as
-// soon as a release by CAS returns, and as of the last batch applied for
-// grants and releases by message.
+// soon as a release by CAS returns; a grant, and a release or cancel by
+// message, counts as the shard applies it, before the replies of its batch.
 func (s *Shard) Size() int { return s.table.Len() }
 
 // Waiting is the number of callers queued on this shard's keys, and Longest
