@@ -235,7 +235,7 @@ func (p *MemoryLockProvider) wait(ctx context.Context, key string, timeout <-cha
 
 // startTimer returns a running timer from the pool. Pooling is safe since
 // Go 1.23's timers (go.mod says 1.25): after Stop, no stale tick is ever
-// received from C (and stopTimer pools only timers that never fired).
+// received from C (and stopTimer pools only timers whose Stop reported true).
 func (p *MemoryLockProvider) startTimer(d time.Duration) *time.Timer {
 	if t, ok := p.timers.Get().(*time.Timer); ok {
 		t.Reset(d)
@@ -245,11 +245,13 @@ func (p *MemoryLockProvider) startTimer(d time.Duration) *time.Timer {
 }
 
 func (p *MemoryLockProvider) stopTimer(t *time.Timer) {
-	// Only a timer stopped before it fired goes back to the pool. A fired
-	// one has no tick left since Go 1.23, but with GODEBUG=asynctimerchan=1
-	// (the old timers, which a program may still ask for) its tick may
-	// land in C later, even after a drain, and the timer's next user would
-	// take it for its own timeout. Timeouts that fire are the rare path.
+	// Only a timer whose Stop reports true goes back to the pool: one that
+	// had not fired, or, with Go 1.23's timers, one whose tick nobody
+	// received, which Stop discards. With GODEBUG=asynctimerchan=1 (the old
+	// timers, which a program may still ask for; =2 behaves alike here),
+	// Stop reports false once the timer fired, and its tick may land in C
+	// later, even after a drain: pooled, the timer's next user would take
+	// it for its own timeout. Timeouts that fire are the rare path.
 	if t.Stop() {
 		p.timers.Put(t)
 	}
