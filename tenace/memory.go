@@ -98,6 +98,13 @@ func withQueuedHook(fn func(key string)) MemoryOption {
 
 // NewMemoryLockProvider starts a provider and its shard goroutines. Close it
 // to stop them.
+//
+// Under testing/synctest, use a provider only on the side of the bubble
+// where it was made: made inside a bubble, from that bubble's goroutines;
+// made outside, from goroutines outside every bubble. Its shard goroutines
+// and its callers exchange messages and replies on channels either side
+// makes, and the runtime stops the program (a fatal error, not a panic)
+// when a goroutine sends on a channel of a bubble it is not in.
 func NewMemoryLockProvider(opts ...MemoryOption) *MemoryLockProvider {
 	cfg := memoryConfig{shards: runtime.GOMAXPROCS(0)}
 	for _, o := range opts {
@@ -131,8 +138,8 @@ func defaultProviderLoop(loop func()) { loop() }
 // first use, that every Lock without a Provider shares: two policies that lock
 // the same key without naming a provider exclude each other. It lives as long
 // as the process; Close on it is refused. Do not use it inside a
-// testing/synctest bubble (its goroutines belong to no bubble): create a
-// provider in the bubble instead.
+// testing/synctest bubble (its goroutines belong to no bubble, see
+// NewMemoryLockProvider): create a provider in the bubble instead.
 func DefaultLockProvider() *MemoryLockProvider { return defaultProvider() }
 
 // Acquire waits for key and returns its lease.
