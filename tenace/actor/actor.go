@@ -26,10 +26,15 @@ import (
 	"context"
 	"errors"
 	"sync/atomic"
+	"time"
 )
 
 // ErrStopped is returned by [Actor.Send] once [Actor.Stop] has been called.
 var ErrStopped = errors.New("actor: stopped")
+
+// ErrFull is returned by [Actor.SendWithin] when its timeout fires while the
+// mailbox is full: the message was not sent.
+var ErrFull = errors.New("actor: the mailbox stayed full until the timeout")
 
 // DefaultMailbox is the mailbox capacity used when [Options.Mailbox] is 0.
 //
@@ -168,7 +173,28 @@ func (a *Actor[M]) Send(ctx context.Context, m M) error {
 	select {
 	case a.mailbox <- e:
 	default:
-		if err := a.sendBlocking(ctx, e); err != nil {
+		if err := a.sendBlocking(ctx, e, nil); err != nil {
+			return err
+		}
+	}
+	if a.isStopping() {
+		return ErrStopped
+	}
+	return nil
+}
+
+// SendWithin is Send for a sender with a deadline of its own: while the
+// mailbox is full it also gives up when timeout fires (or has fired),
+// returning [ErrFull] with m not sent. A nil timeout never fires.
+func (a *Actor[M]) SendWithin(ctx context.Context, m M, timeout <-chan time.Time) error {
+	if a.isStopping() {
+		return ErrStopped
+	}
+	e := envelope[M]{m: m}
+	select {
+	case a.mailbox <- e:
+	default:
+		if err := a.sendBlocking(ctx, e, timeout); err != nil {
 			return err
 		}
 	}
@@ -199,7 +225,7 @@ func (a *Actor[M]) TrySend(m M) bool {
 // holds that frame.
 //
 //go:noinline
-func (a *Actor[M]) sendBlocking(ctx context.Context, e envelope[M]) error {
+func (a *Actor[M]) sendBlocking(ctx context.Context, e envelope[M], timeout <-chan time.Time) error {
 	select {
 	case a.mailbox <- e:
 		return nil
@@ -207,6 +233,8 @@ func (a *Actor[M]) sendBlocking(ctx context.Context, e envelope[M]) error {
 		return ErrStopped
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-timeout:
+		return ErrFull
 	}
 }
 

@@ -335,9 +335,10 @@ func (s *Shard) stop() {
 //
 // It returns a granted Outcome when the key is the caller's; an Outcome that
 // is not granted, and a nil error, when mode is Try and the key is held, or
-// when timeout delivers first (a nil timeout never does); ctx's error when
-// ctx ends first; ErrStopped when the group is stopped. In every case but a
-// grant the key is left as if the caller had never asked.
+// when timeout delivers first (a nil timeout never does; it also ends a
+// wait for room in a full mailbox); ctx's error when ctx ends first;
+// ErrStopped when the group is stopped. In every case but a grant the key
+// is left as if the caller had never asked.
 //
 // Abort during grant. The caller gives up when ctx ends or timeout fires,
 // and the shard may be granting it at that very moment: the grant can be in
@@ -379,10 +380,14 @@ func (s *Shard) Acquire(ctx context.Context, key string, mode Mode, timeout <-ch
 		panic("tenace: shard.Acquire: invalid mode")
 	}
 	w := s.getWaiter()
-	if err := s.mb.Send(ctx, message{kind: kind, key: key, w: w}); err != nil {
+	// The timeout bounds the wait for room in a full mailbox too.
+	if err := s.mb.SendWithin(ctx, message{kind: kind, key: key, w: w}, timeout); err != nil {
 		if err != ErrStopped {
 			s.putWaiter(w) // never sent: nothing will reply
 		} // else the shard may still reply to it: drop it
+		if err == actor.ErrFull {
+			return Outcome{}, nil // not granted within the timeout
+		}
 		return Outcome{}, err
 	}
 	// Send returned nil, so the shard handles the acquire before it stops,

@@ -328,3 +328,42 @@ func TestProviderPropertyKeysAAndBAreOnDifferentShards(t *testing.T) {
 		g.Stop()
 	}
 }
+
+// An acquire with a timeout that finds the shard's mailbox full waits for
+// room no longer than its timeout: it returns not granted, having sent
+// nothing. Before, the wait for room watched only ctx, so an overloaded
+// shard could hold a caller past its Timeout. Here the shard is held in
+// OnQueued and one message fills its mailbox of one.
+func TestATimeoutEndsAWaitForRoomInAFullMailbox(t *testing.T) {
+	block := make(chan struct{})
+	queued := make(chan struct{}, 1)
+	g := NewGroup(Options{Shards: 1, Mailbox: 1, OnQueued: func(string) { queued <- struct{}{}; <-block }})
+	defer g.Stop()
+	s := g.For("k")
+	tok := mustAcquire(t, s, "k")
+	waiter := acquireAsync(context.Background(), s, "k", nil)
+	<-queued // the shard is held in OnQueued
+	require.True(t, s.mb.TrySend(message{kind: msgRelease, key: "none"}), "fills the mailbox (a stale release: it does nothing)")
+
+	timeout := make(chan time.Time, 1)
+	timeout <- time.Time{} // fired: wherever the acquire is, it is past its timeout
+	r := acquireAsync(context.Background(), s, "other", timeout)
+	guard := time.NewTimer(10 * time.Second) // only a failure waits this long
+	defer guard.Stop()
+	select {
+	case res := <-r:
+		require.NoError(t, res.err)
+		require.False(t, res.out.Granted, "not granted: its timeout passed while the mailbox was full")
+	case <-guard.C:
+		close(block)
+		t.Fatal("an acquire whose timeout fired still waits for room in the full mailbox")
+	}
+
+	close(block)
+	s.Release("k", tok)
+	res := <-waiter
+	require.True(t, res.out.Granted)
+	s.Release("k", res.out.Token)
+	require.NoError(t, g.Sync(context.Background()))
+	require.Zero(t, g.Size(), "the acquire that timed out left nothing")
+}
