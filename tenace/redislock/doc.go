@@ -131,9 +131,12 @@
 //     default) reports the release, not a loss, and a late copy of the
 //     grant's acquire takes nothing. 15s covers go-redis's retries with its
 //     default options (3 retries, each after a 3-s read timeout); with a
-//     longer ReadTimeout or more MaxRetries, set WithWindow to at least
-//     (MaxRetries+1) × (WriteTimeout+ReadTimeout). A copy held up longer
-//     than the marker (by the network, or such a client) is not stopped: an acquire copy takes the key for its
+//     longer ReadTimeout or more MaxRetries the markers live as long as the
+//     client may still send a copy (its sends × ReadTimeout, plus the
+//     backoffs), for the clients New can read the options of
+//     (*redis.Client, *redis.ClusterClient, *redis.Ring). A copy held up
+//     longer than the marker (by the network, or a client whose reads never
+//     time out) is not stopped: an acquire copy takes the key for its
 //     first expiry, min(window, TTL), as a holder that died would. The
 //     markers cost about 190 bytes of server memory per release (and per
 //     void) for that long. A Release whose ctx has no deadline (the Lock

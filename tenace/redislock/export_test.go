@@ -28,3 +28,6 @@ func RunAcquireScript(ctx context.Context, l tenace.LockLease) (int64, error) {
 // they take before reading again after a failed read. Call it before p's
 // first wait.
 func OnPubSubBackoff(p *Provider, f func(time.Duration)) { p.subs.onBackoff = f }
+
+// VoidLife is how long p's void markers live.
+func VoidLife(p *Provider) time.Duration { return time.Duration(p.voidMS) * time.Millisecond }

@@ -31,7 +31,8 @@ return 0
 
 // minVoidLife is the shortest life of a token's void marker (set by a
 // void, and by a release): a marker lives one window, and at least this
-// long. A copy of a script that reaches the server after its marker is
+// long, and at least as long as the client's options let go-redis send
+// copies of a call (retrySpan). A copy of a script that reaches the server after its marker is
 // gone is not stopped by it: an acquire copy takes the key for its first
 // expiry (as a holder that died would hold it), and a retried release
 // finds no trace of its first run and reports a loss. Such copies come

@@ -58,7 +58,7 @@ type Provider struct {
 	window   time.Duration
 	interval time.Duration // renewal interval; 0 until New settles it
 	retry    time.Duration
-	voidMS   int64 // a void marker's life in ms: max(window, minVoidLife)
+	voidMS   int64 // a void marker's life in ms: max(window, minVoidLife, retrySpan)
 	logger   *slog.Logger
 	subs     *subscriber // one Pub/Sub connection for every waiter, open while any waits
 	voids    *janitor    // undoes acquires whose outcome is unknown
@@ -169,7 +169,7 @@ func New(client redis.UniversalClient, opts ...Option) *Provider {
 	if p.interval >= p.window {
 		panic(fmt.Sprintf("tenace: redislock.New: the renewal interval (%v) must be below the window (%v)", p.interval, p.window))
 	}
-	p.voidMS = max(p.window, minVoidLife).Milliseconds()
+	p.voidMS = max(p.window, minVoidLife, retrySpan(client)).Milliseconds()
 	p.stop, p.halt = context.WithCancel(context.Background())
 	p.voids = newJanitor(p)
 	if p.logger != nil {
@@ -204,6 +204,35 @@ func CheckClient(client redis.UniversalClient) error {
 		return fmt.Errorf("%w (client %T)", ErrContextTimeoutDisabled, client)
 	}
 	return nil
+}
+
+// retrySpan bounds how long after a call's first send go-redis may still
+// send a copy of it, from the client's options: it sends a copy only after
+// the previous send's read timed out, and waits a backoff between them, so
+// sends × ReadTimeout + the backoffs between them (a copy sent last may
+// then take up to a read timeout to run). A cluster client's redirects and
+// its nodes' retries multiply. 0 for a client it cannot inspect, or whose
+// reads never time out: nothing to bound, and minVoidLife stands.
+func retrySpan(client redis.UniversalClient) time.Duration {
+	var sends int
+	var read, backoff time.Duration
+	switch c := client.(type) {
+	case *redis.Client:
+		o := c.Options()
+		sends, read, backoff = o.MaxRetries+1, o.ReadTimeout, o.MaxRetryBackoff
+	case *redis.ClusterClient:
+		o := c.Options()
+		sends, read, backoff = (o.MaxRedirects+1)*(max(o.MaxRetries, 0)+1), o.ReadTimeout, o.MaxRetryBackoff
+	case *redis.Ring:
+		o := c.Options()
+		sends, read, backoff = o.MaxRetries+1, o.ReadTimeout, o.MaxRetryBackoff
+	default:
+		return 0
+	}
+	if read <= 0 || sends < 1 {
+		return 0
+	}
+	return time.Duration(sends)*read + time.Duration(sends-1)*max(backoff, 0)
 }
 
 // Close stops the provider's background work and refuses later acquires

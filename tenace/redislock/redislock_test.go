@@ -629,3 +629,37 @@ func (h *lostAcquireReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook
 func (h *lostAcquireReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
+
+// A void marker outlives every copy of a call that go-redis may send: with
+// the default options the 15-s floor covers them (4 sends, 3-s reads), and
+// with longer reads or more retries the marker lives as long as they may
+// go on. A client whose reads never time out bounds nothing: the floor.
+// No server is needed: a client connects on first use.
+func TestVoidMarkersOutliveTheClientsRetries(t *testing.T) {
+	cases := []struct {
+		name   string
+		client redis.UniversalClient
+		window time.Duration
+		want   time.Duration
+	}{
+		{"defaults", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), 0, 15 * time.Second},
+		{"a short window", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), time.Second, 15 * time.Second},
+		{"a long window", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), time.Minute, time.Minute},
+		// 6 sends × 10 s + 5 backoffs of 512 ms.
+		{"long reads, more retries", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ReadTimeout: 10 * time.Second, MaxRetries: 5}), 0, 62560 * time.Millisecond},
+		{"reads that never time out", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ReadTimeout: -1}), 0, 15 * time.Second},
+		// 4 redirects × 1 send (a cluster's nodes do not retry) × 10 s + 3 backoffs.
+		{"cluster, long reads", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ReadTimeout: 10 * time.Second}), 0, 41536 * time.Millisecond},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Cleanup(func() { _ = c.client.Close() })
+			var opts []redislock.Option
+			if c.window > 0 {
+				opts = append(opts, redislock.WithWindow(c.window))
+			}
+			p := newProvider(t, c.client, opts...)
+			require.Equal(t, c.want, redislock.VoidLife(p))
+		})
+	}
+}
