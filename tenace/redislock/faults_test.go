@@ -583,6 +583,17 @@ func subscriberAddr(t *testing.T, c redis.UniversalClient) string {
 	return addr
 }
 
+// waitResubscribed waits until a connection other than the one at before
+// is subscribed to the channel: go-redis has re-opened the Pub/Sub
+// connection and resubscribed.
+func waitResubscribed(t *testing.T, c redis.UniversalClient, before string) {
+	t.Helper()
+	eventually(t, "a new connection subscribed to the channel", func() bool {
+		addr, _ := findSubscriber(t, c)
+		return addr != "" && addr != before
+	})
+}
+
 // findSubscriber returns the client address of the one connection
 // subscribed to a channel, or "" if there is none, and the CLIENT LIST it
 // looked in.

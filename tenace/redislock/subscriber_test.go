@@ -149,10 +149,7 @@ func TestAReleaseRightAfterAPubSubReconnectIsHeardAtOnce(t *testing.T) {
 	waitSubscribed(t, c, "k", 1)
 	before := subscriberAddr(t, c)
 	require.NoError(t, c.ClientKillByFilter(bg, "TYPE", "pubsub").Err())
-	eventually(t, "a new connection subscribed to the channel", func() bool {
-		addr, _ := findSubscriber(t, c)
-		return addr != "" && addr != before
-	})
+	waitResubscribed(t, c, before)
 
 	start := time.Now()
 	require.NoError(t, held.Release(bg))
@@ -200,10 +197,7 @@ func TestPubSubReconnectsBackOffOnlyAfterAFailedOne(t *testing.T) {
 	require.Equal(t, []time.Duration{50 * ms, 100 * ms, 200 * ms, 400 * ms}, pauses(4),
 		"the read that found the connection broken is followed by one at once; each that fails after it, by a pause twice the last")
 	tracker.refuse(false) // the read after the 400ms pause re-opens the connection
-	eventually(t, "a new connection subscribed to the channel", func() bool {
-		addr, _ := findSubscriber(t, c)
-		return addr != "" && addr != before
-	})
+	waitResubscribed(t, c, before)
 
 	// A success starts the pauses over: a second break with the server
 	// down pauses 50ms first, not 800ms.
@@ -212,10 +206,7 @@ func TestPubSubReconnectsBackOffOnlyAfterAFailedOne(t *testing.T) {
 	require.NoError(t, c.ClientKillByFilter(bg, "TYPE", "pubsub").Err())
 	require.Equal(t, []time.Duration{50 * ms}, pauses(1))
 	tracker.refuse(false)
-	eventually(t, "a new connection subscribed to the channel", func() bool {
-		addr, _ := findSubscriber(t, c)
-		return addr != "" && addr != before
-	})
+	waitResubscribed(t, c, before)
 
 	require.NoError(t, held.Release(bg))
 	got := <-r
