@@ -165,23 +165,7 @@ func (a *Actor[M]) loop() {
 // finds the flag still unset after its send completed knows the flag's
 // store, and so the envelope, came after its message in the mailbox's FIFO
 // order (atomics are sequentially consistent).
-func (a *Actor[M]) Send(ctx context.Context, m M) error {
-	if a.isStopping() {
-		return ErrStopped
-	}
-	e := envelope[M]{m: m} // one copy, shared by both sends below
-	select {
-	case a.mailbox <- e:
-	default:
-		if err := a.sendBlocking(ctx, e, nil); err != nil {
-			return err
-		}
-	}
-	if a.isStopping() {
-		return ErrStopped
-	}
-	return nil
-}
+func (a *Actor[M]) Send(ctx context.Context, m M) error { return a.SendWithin(ctx, m, nil) }
 
 // SendWithin is Send for a sender with a deadline of its own: while the
 // mailbox is full it also gives up when timeout fires (or has fired),
@@ -190,7 +174,7 @@ func (a *Actor[M]) SendWithin(ctx context.Context, m M, timeout <-chan time.Time
 	if a.isStopping() {
 		return ErrStopped
 	}
-	e := envelope[M]{m: m}
+	e := envelope[M]{m: m} // one copy, shared by both sends below
 	select {
 	case a.mailbox <- e:
 	default:
