@@ -108,7 +108,7 @@ func (p Policy) WithLock(opts LockOptions) Policy { return p.With(NewLock(opts))
 // step type of your own is accepted: its methods may work on a nil
 // receiver.)
 func (p Policy) With(s Strategy) Policy {
-	if s == nil || s == Strategy((*Lock)(nil)) || s == Strategy((*policy.Timeout)(nil)) {
+	if s == Strategy((*Lock)(nil)) { // nil and a nil *policy.Timeout: the pipeline's With
 		panic("tenace: Policy.With: nil strategy")
 	}
 	return Policy{p: p.p.With(s)}
