@@ -53,6 +53,8 @@ package oteltenace
 
 import (
 	"context"
+	"math"
+	"strconv"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -76,7 +78,9 @@ const (
 	OutcomeKey = attribute.Key("tenace.lock.outcome")
 	// LockKeyKey is the lock key, recorded only with WithLockKey.
 	LockKeyKey = attribute.Key("tenace.lock.key")
-	// TokenKey is the fencing token, on span events of leases that have one.
+	// TokenKey is the fencing token, on span events of leases that have one:
+	// an int64 attribute, or, for a token above math.MaxInt64 (which
+	// OpenTelemetry's integers cannot hold), its decimal string.
 	TokenKey = attribute.Key("tenace.lock.token")
 	// WaitKey is the wait in seconds, on span events that end a wait.
 	WaitKey = attribute.Key("tenace.lock.wait")
@@ -333,12 +337,21 @@ func (t *Telemetry) spanEvent(ctx context.Context, e tenace.Event) {
 		attrs = append(attrs, HoldKey.Float64(e.Hold.Seconds()))
 	}
 	if e.Token != 0 {
-		attrs = append(attrs, TokenKey.Int64(int64(e.Token)))
+		attrs = append(attrs, tokenAttr(e.Token))
 	}
 	if e.Err != nil {
 		attrs = append(attrs, ErrorKey.String(e.Err.Error()))
 	}
 	span.AddEvent(e.Name, trace.WithAttributes(attrs...))
+}
+
+// tokenAttr is t as TokenKey: an int64 while it fits, its decimal string
+// above (a negative number would name another token).
+func tokenAttr(t uint64) attribute.KeyValue {
+	if t > math.MaxInt64 {
+		return TokenKey.String(strconv.FormatUint(t, 10))
+	}
+	return TokenKey.Int64(int64(t))
 }
 
 // Step returns the step that runs each Execute in a span named

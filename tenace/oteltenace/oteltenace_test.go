@@ -256,6 +256,26 @@ func TestALostLeaseIsASpanEvent(t *testing.T) {
 	require.Equal(t, codes.Error, spans[0].Status().Code)
 }
 
+// bigTokenLease is a lease whose fencing token does not fit an int64.
+type bigTokenLease struct{}
+
+func (bigTokenLease) Release(context.Context) error { return nil }
+func (bigTokenLease) Token() uint64                 { return 1<<63 + 5 }
+
+func TestATokenAboveMaxInt64IsRecordedAsItsDecimalString(t *testing.T) {
+	s := newSDK(t)
+	tel := s.telemetry()
+	pol := tel.Instrument(tenace.NewPolicy().WithLock(tenace.LockOptions{
+		Provider: &fakeProvider{acquire: func() (tenace.LockLease, error) { return bigTokenLease{}, nil }}, Key: "k"}))
+	require.NoError(t, pol.Execute(bg, func(context.Context) error { return nil }))
+	spans := s.spans.Ended()
+	require.Len(t, spans, 1)
+	require.Equal(t, []string{"lock.acquiring", "lock.acquired", "lock.released"}, eventNames(spans[0]))
+	tok, ok := attrOf(spans[0].Events()[1].Attributes, oteltenace.TokenKey)
+	require.True(t, ok)
+	require.Equal(t, "9223372036854775813", tok.AsString(), "not a negative int64 that names another token")
+}
+
 func TestAPanicInFnStillEndsTheSpan(t *testing.T) {
 	s := newSDK(t)
 	tel := s.telemetry()
