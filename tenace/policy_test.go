@@ -296,9 +296,33 @@ func TestWithTimeoutFiringReturnsTimeoutError(t *testing.T) {
 		require.Equal(t, time.Minute, te.Timeout)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.True(t, fnCtxEnded)
+		require.False(t, te.BeforeFn, "fn ran")
 		require.Equal(t, time.Minute, time.Since(start))
 		require.Equal(t, []string{"timeout:job-7"}, rec.names(), "the timeout event carries the execution key")
 		require.ErrorContains(t, err, "1m0s")
+	})
+}
+
+// A Timeout added after a lock bounds the lock's wait too; when the wait
+// takes all of it, fn never runs and the error says so, instead of telling
+// the caller to make the work faster.
+func TestATimeoutThatEndsTheLockWaitSaysTheWorkDidNotStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := tenace.NewMemoryLockProvider()
+		defer p.Close()
+		other, err := p.Acquire(bg, "job-7", tenace.LockAcquireOptions{})
+		require.NoError(t, err)
+		ran := false
+		err = tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p}).WithTimeout(time.Minute).
+			Execute(bg, func(context.Context) error { ran = true; return nil }, tenace.WithKey("job-7"))
+		var te *tenace.TimeoutError
+		require.ErrorAs(t, err, &te)
+		require.False(t, ran)
+		require.True(t, te.BeforeFn)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.EqualError(t, err, `tenace: the work did not start within its 1m0s timeout (key "job-7"): a step inside WithTimeout, such as a lock's wait, took all of it; add WithTimeout after that step so that it bounds the work alone, or raise its duration`)
+		require.NoError(t, other.Release(bg))
+		require.Equal(t, 0, p.Size(), "the abandoned wait left nothing behind")
 	})
 }
 

@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -22,6 +23,11 @@ type TimeoutError struct {
 	// Err is what the inner steps returned once they stopped (often ctx's
 	// error), or nil if they finished anyway.
 	Err error
+	// BeforeFn reports that fn had not been called when the deadline
+	// passed, and so never ran: a step inside the Timeout took all of it —
+	// typically the wait of a lock added before WithTimeout, which then
+	// bounds the wait and the work together.
+	BeforeFn bool
 }
 
 // Error gives the duration and the key, and what to do about it.
@@ -29,6 +35,9 @@ func (e *TimeoutError) Error() string {
 	key := ""
 	if e.Key != "" {
 		key = fmt.Sprintf(" (key %q)", e.Key)
+	}
+	if e.BeforeFn {
+		return fmt.Sprintf("tenace: the work did not start within its %v timeout%s: a step inside WithTimeout, such as a lock's wait, took all of it; add WithTimeout after that step so that it bounds the work alone, or raise its duration", e.Timeout, key)
 	}
 	return fmt.Sprintf("tenace: the work did not finish within its %v timeout%s; raise WithTimeout's duration or make the work faster", e.Timeout, key)
 }
@@ -79,7 +88,13 @@ func NewTimeout(d time.Duration) *Timeout { return &Timeout{d: d} }
 // shared value an inner Timeout would take an outer one's deadline for its
 // own. It wraps context.DeadlineExceeded, the cause a context.WithTimeout
 // has, so that fn's checks of context.Cause(ctx) see a deadline.
-type ownDeadline struct{ d time.Duration }
+//
+// It also records whether fn was called (for TimeoutError.BeforeFn): an
+// atomic, since a step inside may run fn on a goroutine of its own.
+type ownDeadline struct {
+	d     time.Duration
+	ranFn atomic.Bool
+}
 
 func (e *ownDeadline) Error() string {
 	return fmt.Sprintf("tenace: the WithTimeout(%v) deadline passed", e.d)
@@ -95,12 +110,17 @@ func (t *Timeout) Run(ctx context.Context, x Execution, next Next) error {
 	own := &ownDeadline{d: t.d}
 	inner, cancel := WithTimeoutCause(ctx, x.Clock(), t.d, own)
 	defer cancel() // also when the inner steps panic: the timer goes
+	fn := next.fn
+	next.fn = func(ctx context.Context) error {
+		own.ranFn.Store(true)
+		return fn(ctx)
+	}
 	err := next.Run(inner)
 	cancel() // from here the cause can no longer change
 	if context.Cause(inner) != error(own) {
 		return err
 	}
-	terr := &TimeoutError{Timeout: t.d, Key: x.Key(), Err: err}
+	terr := &TimeoutError{Timeout: t.d, Key: x.Key(), Err: err, BeforeFn: !own.ranFn.Load()}
 	if x.HasListeners() {
 		x.Emit(Event{Name: EventTimeout, Key: x.Key(), Context: ctx, Err: terr})
 	}
