@@ -577,10 +577,15 @@ func (s *suite) noLeak(t *testing.T) {
 // cancelRacingGrant cancels a waiter at the moment the holder releases, many
 // times: whoever wins, the key must be left free (or held by the waiter,
 // which then releases it) — never held by nobody. With ExactStats the
-// release and the cancel start together only once the waiter counts as
-// waiting, so that the cancel meets a waiter about to be granted rather
-// than one still on its way in; every other time the cancel comes once the
-// Release has returned.
+// release and the cancel start only once the waiter counts as waiting, so
+// that the cancel meets a waiter about to be granted rather than one still
+// on its way in. The cancel comes in turn at once, once the Release has
+// returned, and (with ExactStats) once the waiter no longer counts as
+// waiting: the provider has granted it, and its Acquire may not have
+// returned yet. The last makes the grant land first however the machine's
+// load delays the goroutines, so that a provider that drops a grant whose
+// ctx ended as it came back is caught on a busy machine too, where the
+// cancel would otherwise win every time.
 func (s *suite) cancelRacingGrant(t *testing.T) {
 	p := s.newProvider(t)
 	key := s.key(t)
@@ -603,10 +608,18 @@ func (s *suite) cancelRacingGrant(t *testing.T) {
 			close(released)
 		}()
 		close(start)
-		if i%2 == 1 {
-			// Every other time the cancel follows the Release's return:
-			// the release is then on its way to the waiter (on a server's
-			// round trip, a grant already made) when the cancel comes.
+		switch {
+		case i%3 == 1:
+			// The cancel follows the Release's return: the release is then
+			// on its way to the waiter (on a server's round trip, a grant
+			// already made) when the cancel comes.
+			<-released
+		case i%3 == 2 && sp != nil:
+			// The cancel follows the grant: the waiter no longer counts as
+			// waiting, and may not have seen its grant yet.
+			<-released
+			s.eventually(t, "the waiter granted after the release (Stats().Waiting == 0)", func() bool { return sp.Stats().Waiting == 0 })
+		case i%3 == 2:
 			<-released
 		}
 		cancel()

@@ -322,8 +322,19 @@ func (p *refProvider) Acquire(ctx context.Context, key string, opts tenace.LockA
 		}
 	case "drops-raced-grant":
 		if l != nil {
-			// A ctx that ended as the grant came back: the grant is
-			// dropped, not released.
+			// The grant takes a while to come back, as a server's reply
+			// does (here until the suite's cancel, at most a second: the
+			// suite cancels every waiter of CancelRacingGrant, the one
+			// subtest run with this provider). A ctx that ended meanwhile
+			// drops the grant instead of releasing it. Without the wait
+			// the window was the few instructions between mem's return
+			// and the check, which a busy machine missed in 19 runs of 20.
+			timer := time.NewTimer(time.Second)
+			select {
+			case <-ctx.Done():
+			case <-timer.C:
+			}
+			timer.Stop()
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
