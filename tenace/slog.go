@@ -18,9 +18,10 @@ import (
 //	token  uint64    the fencing token, when the lease has one
 //	err    error     Event.Err, when set
 //
-// Levels: lock.rejected, lock.lost, lock.failed and a lock.released whose
-// Release failed are logged at Warn — each means work did not run, or ran
-// without its lock for a while; every other event at Debug. The event's
+// Levels: lock.rejected, lock.lost, lock.failed, timeout and a
+// lock.released whose Release failed are logged at Warn — each means work
+// did not run, was cut short, or ran without its lock for a while; every
+// other event at Debug. The event's
 // Context goes to the handler, so a handler that adds a trace id from the
 // context does so. Nothing is built for a level the logger does not
 // enable.
@@ -65,7 +66,7 @@ func LogEvents(logger *slog.Logger) func(Event) {
 // eventLevel is the level LogEvents logs e at.
 func eventLevel(e Event) slog.Level {
 	switch e.Name {
-	case EventLockRejected, EventLockLost, EventLockFailed:
+	case EventLockRejected, EventLockLost, EventLockFailed, EventTimeout:
 		return slog.LevelWarn
 	case EventLockReleased:
 		if e.Err != nil {

@@ -78,9 +78,12 @@ func TestLogEventsLogsLossesFailuresAndFailedReleasesAtWarn(t *testing.T) {
 	require.ErrorIs(t, err, tenace.ErrLeaseLost)
 	fp.acquire = func(context.Context, string) (tenace.LockLease, error) { return nil, errBoom }
 	require.ErrorIs(t, pol.Execute(bg, noop), errBoom)
+	var te *tenace.TimeoutError
+	require.ErrorAs(t, tenace.NewPolicy().WithTimeout(time.Millisecond).OnEvent(tenace.LogEvents(logger)).
+		Execute(bg, func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }, tenace.WithKey("k")), &te)
 
 	lines := logLines(t, &buf)
-	require.Len(t, lines, 3, "only the Warn events: %v", lines)
+	require.Len(t, lines, 4, "only the Warn events: %v", lines)
 	require.Equal(t, "lock.lost", lines[0]["msg"])
 	require.Contains(t, lines[0]["err"], "renewal found another holder")
 	require.Contains(t, lines[0], "hold")
@@ -88,6 +91,8 @@ func TestLogEventsLogsLossesFailuresAndFailedReleasesAtWarn(t *testing.T) {
 	require.Equal(t, "boom", lines[1]["err"])
 	require.Equal(t, "lock.failed", lines[2]["msg"])
 	require.Equal(t, "boom", lines[2]["err"])
+	require.Equal(t, "timeout", lines[3]["msg"], "the work was cut short")
+	require.Equal(t, "k", lines[3]["key"])
 	for _, l := range lines {
 		require.Equal(t, "WARN", l["level"])
 	}
