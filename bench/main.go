@@ -158,6 +158,17 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		}
 		c.impls = append(c.impls, n)
 	}
+	// The base implementation runs first in each cell, so that every other
+	// row can print its ratio to it as soon as it finishes.
+	slices.SortStableFunc(c.impls, func(a, b string) int {
+		switch {
+		case isBase(a) && !isBase(b):
+			return -1
+		case isBase(b) && !isBase(a):
+			return 1
+		}
+		return 0
+	})
 	for _, s := range split(*scenario) {
 		if !slices.Contains(scenarios, s) {
 			return bad("-scenario: unknown scenario %q (known: %s)", s, strings.Join(scenarios, ", "))

@@ -123,3 +123,19 @@ func TestNoCellToRunIsAnError(t *testing.T) {
 	require.Equal(t, 2, out.code)
 	require.Contains(t, errOut, "no cell to run")
 }
+
+// Named after its peers, tenace still runs first in each cell, so that the
+// peers' rows print their ratio to it instead of "-".
+func TestThePeersRowsCarryTheirRatioWhateverTheImplOrder(t *testing.T) {
+	out, _ := runCapture(t, []string{"-impl", "semaphore,tenace", "-scenario", "distinct", "-goroutines", "2", "-duration", "20ms", "-quiet"})
+	require.Equal(t, 0, out.code)
+	var rows []string
+	for _, line := range strings.Split(out.stdout, "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[1] == "distinct" {
+			rows = append(rows, line)
+		}
+	}
+	require.Len(t, rows, 2, out.stdout)
+	require.True(t, strings.HasPrefix(rows[0], "tenace "), "tenace first: %q", rows)
+	require.Regexp(t, `^semaphore\s+distinct\s+2\s+\d+\s+\d+\.\d\dx `, rows[1])
+}

@@ -115,10 +115,18 @@ func writeOutputs(dir string, rs []result) error {
 	return writeChart(filepath.Join(dir, "chart.png"), rs, pngCanvas)
 }
 
+// isBase reports whether impl is what the "vs tenace" column compares
+// with: tenace on its provider.
+func isBase(impl string) bool {
+	return impl == "tenace" || impl == "tenace-redis" || impl == "tenace-pg"
+}
+
+// baseOf is the result of r's cell for the base implementation (isBase), or
+// nil if it has not run.
 func baseOf(rs []result, r result) *result {
 	for i := range rs {
 		b := &rs[i]
-		if (b.Impl == "tenace" || b.Impl == "tenace-redis" || b.Impl == "tenace-pg") && b.Scenario == r.Scenario && b.Goroutines == r.Goroutines {
+		if isBase(b.Impl) && b.Scenario == r.Scenario && b.Goroutines == r.Goroutines {
 			return b
 		}
 	}
