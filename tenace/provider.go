@@ -33,7 +33,10 @@ type LockAcquireOptions struct {
 	// (distributed ones): 0 means the provider's default. Negative is
 	// invalid. MemoryLockProvider's locks never expire; it ignores TTL.
 	TTL time.Duration
-	// Clock is the time source for Timeout; nil means the system clock.
+	// Clock is the time source for Timeout; nil means the system clock. A
+	// provider that times TTL in the process uses it for TTL too (pglock);
+	// one whose server expires the lock (redislock) times TTL in real time,
+	// as the server does, and no test clock moves it.
 	Clock Clock
 }
 
