@@ -47,6 +47,25 @@ func (f scriptHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 	return next
 }
 
+// keptWindow and keptInterval are the window and renewal interval of the
+// leases a test needs renewed, not lost. A lease is lost once no renewal
+// has got through within a window of the last one's send, so a renewal may
+// come keptWindow-keptInterval (450ms) late before it is. On a loaded
+// 2-core machine (-race, two CPU burners beside) a renewal timer ran up to
+// 93ms late, and a renewal's send to the next one's reply took up to
+// 160ms: windows of 100-300ms with the default interval (a third) left
+// 67-200ms, and such leases were lost.
+const (
+	keptWindow   = 500 * time.Millisecond
+	keptInterval = 50 * time.Millisecond
+)
+
+// kept is the options of a provider whose leases a test needs kept: see
+// keptWindow.
+func kept() []redislock.Option {
+	return []redislock.Option{redislock.WithWindow(keptWindow), redislock.WithRenewInterval(keptInterval)}
+}
+
 // renewalHook counts the renewal scripts a client sends.
 type renewalHook struct{ n atomic.Int64 }
 
@@ -63,8 +82,9 @@ func TestConformance(t *testing.T) {
 	c := deadlineClient(t, srv.Addr)
 	locktest.Run(t, func(t *testing.T) tenace.LockProvider {
 		// A window shorter than MinTTL, so that the TTL checks see a lease
-		// renewed up to its cap.
-		return newProvider(t, c, redislock.WithWindow(100*time.Millisecond), redislock.WithRetryInterval(50*time.Millisecond))
+		// renewed up to its cap; long enough that the leases the suite
+		// holds are not lost on a loaded machine (keptWindow).
+		return newProvider(t, c, append(kept(), redislock.WithRetryInterval(50*time.Millisecond))...)
 	}, locktest.Capabilities{
 		Fencing:    true,
 		Losable:    true,
@@ -72,7 +92,7 @@ func TestConformance(t *testing.T) {
 		ExactStats: true,
 		Close:      true,
 		Shared:     true,
-		MinTTL:     250 * time.Millisecond,
+		MinTTL:     keptWindow + 100*time.Millisecond,
 		WaitBound:  5 * time.Second,
 		Lose: func(t *testing.T, l tenace.LockLease) {
 			// Delete every lock key this lease could hold: the suite's keys
