@@ -111,23 +111,22 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// Work that runs ten windows keeps its lock: renewals keep the key, nobody
+// Work that runs four windows keeps its lock: renewals keep the key, nobody
 // else gets it, and fn's context does not end.
 func TestWorkLongerThanTheWindowKeepsTheLock(t *testing.T) {
 	srv := redistest.Start(t)
 	c := deadlineClient(t, srv.Addr)
 	h := &renewalHook{}
 	c.AddHook(h.hook())
-	const window = 200 * time.Millisecond
-	p := newProvider(t, c, redislock.WithWindow(window))
+	p := newProvider(t, c, kept()...)
 	other := newProvider(t, deadlineClient(t, srv.Addr))
 	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "long"})
 	var hold time.Duration
 	err := pol.Execute(bg, func(ctx context.Context) error {
 		start := time.Now()
-		// Meanwhile another provider waits ten windows for the key, in vain.
-		l, err := other.Acquire(ctx, "long", tenace.LockAcquireOptions{Timeout: 10 * window})
-		require.NoError(t, err)
+		// Meanwhile another provider waits four windows for the key, in vain.
+		l, err := other.Acquire(ctx, "long", tenace.LockAcquireOptions{Timeout: 4 * keptWindow})
+		require.NoError(t, err, "fn's context ended: %v", context.Cause(ctx))
 		require.Nil(t, l, "nobody else gets the lock while its holder renews it")
 		require.NoError(t, context.Cause(ctx), "fn's context is still live")
 		hold = time.Since(start)
@@ -137,8 +136,8 @@ func TestWorkLongerThanTheWindowKeepsTheLock(t *testing.T) {
 	renewals := h.n.Load()
 	perMin := float64(renewals) / hold.Minutes()
 	t.Logf("held %v with a %v window (renewal every %v): %d renewals, %.0f/min per lease (defaults, window %v: %.0f/min)",
-		hold.Round(time.Millisecond), window, window/3, renewals, perMin, redislock.DefaultWindow, time.Minute.Seconds()/(redislock.DefaultWindow/3).Seconds())
-	require.GreaterOrEqual(t, renewals, int64(10), "renewed (about three times a window)")
+		hold.Round(time.Millisecond), keptWindow, keptInterval, renewals, perMin, redislock.DefaultWindow, time.Minute.Seconds()/(redislock.DefaultWindow/3).Seconds())
+	require.GreaterOrEqual(t, renewals, int64(4), "renewed at least once a window (about ten times, unloaded)")
 }
 
 const holderEnv = "TENACE_REDISLOCK_HOLDER"
@@ -264,14 +263,13 @@ func TestReleaseStopsRenewal(t *testing.T) {
 	c := deadlineClient(t, srv.Addr)
 	h := &renewalHook{}
 	c.AddHook(h.hook())
-	const window = 150 * time.Millisecond
-	p := newProvider(t, c, redislock.WithWindow(window))
+	p := newProvider(t, c, kept()...)
 	l := mustAcquire(t, p, "r", tenace.LockAcquireOptions{})
 	eventually(t, "two renewals", func() bool { return h.n.Load() >= 2 })
 	require.NoError(t, l.Release(bg))
 	n := h.n.Load()
 	require.Equal(t, tenace.LockStats{}, p.Stats())
-	time.Sleep(3 * window) // several renewal intervals: none may come
+	time.Sleep(5 * keptInterval) // several renewal intervals: none may come
 	require.Equal(t, n, h.n.Load(), "no renewal after Release")
 	require.Zero(t, c.Exists(bg, "tenace:lock:{r}").Val())
 	select {
@@ -285,14 +283,15 @@ func TestReleaseStopsRenewal(t *testing.T) {
 // and the key is free then.
 func TestTheTTLCapsARenewedLease(t *testing.T) {
 	_, c := setup(t)
-	p := newProvider(t, c, redislock.WithWindow(100*time.Millisecond))
+	p := newProvider(t, c, kept()...)
+	const ttl = keptWindow + 300*time.Millisecond // past the first expiry: renewed up to it
 	start := time.Now()
-	l := mustAcquire(t, p, "capped", tenace.LockAcquireOptions{TTL: 400 * time.Millisecond})
+	l := mustAcquire(t, p, "capped", tenace.LockAcquireOptions{TTL: ttl})
 	ll := l.(tenace.LosableLease)
 	<-ll.Lost()
 	at := time.Since(start)
 	require.ErrorIs(t, ll.Err(), tenace.ErrLeaseExpired)
-	require.GreaterOrEqual(t, at, 399*time.Millisecond, "renewed up to its TTL")
+	require.GreaterOrEqual(t, at, ttl-time.Millisecond, "renewed up to its TTL")
 	// The server drops the key by its own clock at the same instant: a
 	// waiter gets it right away.
 	l2, err := p.Acquire(bg, "capped", tenace.LockAcquireOptions{Timeout: time.Second})
@@ -351,12 +350,11 @@ func TestKeepaliveAndLossThroughClusterAndFailoverClients(t *testing.T) {
 		client redis.UniversalClient
 	}{{"cluster", cc}, {"failover", fc}} {
 		t.Run(tc.name, func(t *testing.T) {
-			const window = 200 * time.Millisecond
-			p := newProvider(t, tc.client, redislock.WithWindow(window))
+			p := newProvider(t, tc.client, kept()...)
 			other := newProvider(t, tc.client)
 			l := mustAcquire(t, p, "kept", tenace.LockAcquireOptions{})
-			// Five windows: without renewals the key would lapse in one.
-			got, err := other.Acquire(bg, "kept", tenace.LockAcquireOptions{Timeout: 5 * window})
+			// Two windows: without renewals the key would lapse in one.
+			got, err := other.Acquire(bg, "kept", tenace.LockAcquireOptions{Timeout: 2 * keptWindow})
 			require.NoError(t, err)
 			require.Nil(t, got, "renewed through the client: nobody else gets the key")
 			ll := l.(tenace.LosableLease)
@@ -365,10 +363,10 @@ func TestKeepaliveAndLossThroughClusterAndFailoverClients(t *testing.T) {
 			require.NoError(t, tc.client.Del(bg, "tenace:lock:{kept}").Err())
 			select {
 			case <-ll.Lost():
-			case <-time.After(5 * window):
+			case <-time.After(5 * keptWindow):
 				t.Fatal("the deleted key was not reported lost")
 			}
-			t.Logf("%s: lost %v after the key was deleted (renewal interval %v)", tc.name, time.Since(deleted).Round(time.Millisecond), window/3)
+			t.Logf("%s: lost %v after the key was deleted (renewal interval %v)", tc.name, time.Since(deleted).Round(time.Millisecond), keptInterval)
 			require.ErrorIs(t, ll.Err(), tenace.ErrLeaseLost)
 			require.ErrorIs(t, l.Release(bg), tenace.ErrLeaseLost)
 		})

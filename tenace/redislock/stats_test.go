@@ -58,8 +58,7 @@ func TestStatsOnEveryPath(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tc.client
 			c.AddHook(lostReplyHook{})
-			const window = 150 * time.Millisecond
-			p := redislock.New(c, redislock.WithWindow(window), redislock.WithRetryInterval(time.Hour))
+			p := redislock.New(c, append(kept(), redislock.WithRetryInterval(time.Hour))...)
 			defer p.Close()
 			zero := tenace.LockStats{}
 			a, b := "stats-a-"+tc.name, "stats-b-"+tc.name
@@ -83,7 +82,7 @@ func TestStatsOnEveryPath(t *testing.T) {
 				return p.Stats() == tenace.LockStats{Held: 2, Waiting: 3, LongestQueue: 2}
 			})
 			// Held for several windows meanwhile: renewed, not lost.
-			time.Sleep(3 * window) // the server's clock is the point: past three windows
+			time.Sleep(2 * keptWindow) // the server's clock is the point: past two windows
 			require.NoError(t, la.(tenace.LosableLease).Err())
 			cancel()
 			for _, r := range []<-chan result{r1, r2, r3} {
@@ -103,9 +102,10 @@ func TestStatsOnEveryPath(t *testing.T) {
 
 			// Loss by TTL (a cap after renewals), then the Release.
 			start := time.Now()
-			l = mustAcquire(t, p, a, tenace.LockAcquireOptions{TTL: 2 * window})
+			const ttl = keptWindow + 100*time.Millisecond
+			l = mustAcquire(t, p, a, tenace.LockAcquireOptions{TTL: ttl})
 			<-l.(tenace.LosableLease).Lost()
-			require.GreaterOrEqual(t, time.Since(start), 2*window-time.Millisecond)
+			require.GreaterOrEqual(t, time.Since(start), ttl-time.Millisecond)
 			require.ErrorIs(t, l.(tenace.LosableLease).Err(), tenace.ErrLeaseExpired)
 			require.Equal(t, zero, p.Stats())
 			next := mustAcquire(t, p, a, tenace.LockAcquireOptions{Timeout: time.Second})
