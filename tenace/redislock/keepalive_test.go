@@ -377,13 +377,16 @@ func TestKeepaliveAndLossThroughClusterAndFailoverClients(t *testing.T) {
 // on the wire — is renewed before the expiry it was given (counted from
 // before the send), so it is not reported lost while the server answers
 // and holds the key for it. Before, the first renewal was armed one
-// interval after the reply: here 100 ms after a reply 250 ms into a 300-ms
-// window, after the expiry.
+// interval after the reply: here 900ms after a reply 400ms into a 1-s
+// window, 300ms after the expiry; now it is armed halfway to the expiry,
+// 300ms before it. (The margins, 300ms either way, are for a loaded
+// machine: with a 300-ms window, a 250-ms stall and the default interval,
+// the renewal had 25ms to get through.)
 func TestASlowGrantIsRenewedBeforeItsExpiry(t *testing.T) {
 	srv := redistest.Start(t)
 	c := deadlineClient(t, srv.Addr)
-	const window = 300 * time.Millisecond
-	p := newProvider(t, c, redislock.WithWindow(window))
+	const window, interval, stall = time.Second, 900 * time.Millisecond, 400 * time.Millisecond
+	p := newProvider(t, c, redislock.WithWindow(window), redislock.WithRenewInterval(interval))
 	warm(t, c, p)
 	var once sync.Once
 	sent := make(chan struct{})
@@ -394,8 +397,8 @@ func TestASlowGrantIsRenewedBeforeItsExpiry(t *testing.T) {
 	}))
 	srv.Pause()
 	r := acquireAsync(bg, p, "slow", tenace.LockAcquireOptions{})
-	<-sent                             // the acquire is on its way to the stalled server
-	time.Sleep(250 * time.Millisecond) // the stall itself, not a wait for an event
+	<-sent            // the acquire is on its way to the stalled server
+	time.Sleep(stall) // the stall itself, not a wait for an event
 	srv.Resume()
 	got := <-r
 	require.NoError(t, got.err)
@@ -405,7 +408,7 @@ func TestASlowGrantIsRenewedBeforeItsExpiry(t *testing.T) {
 	case <-ll.Lost():
 		t.Fatalf("a lease granted after a slow reply was reported lost while the server answered (PTTL of the key now %v): %v",
 			c.PTTL(bg, "tenace:lock:{slow}").Val(), ll.Err())
-	case <-time.After(3 * window): // three windows of renewals, none missed
+	case <-time.After(2 * window): // two windows of renewals, none missed
 	}
 	require.NoError(t, got.lease.Release(bg))
 }
