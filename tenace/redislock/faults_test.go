@@ -250,9 +250,11 @@ func TestTimeoutAndDeadlineBoundAcquireOnAStalledServer(t *testing.T) {
 
 	t.Logf("stalled server, ContextTimeoutEnabled: Acquire returned %v past its Timeout, %v past its ctx deadline; without it (ReadTimeout 500ms): %v past its Timeout",
 		lateTimeout.Round(10*time.Microsecond), lateDeadline.Round(10*time.Microsecond), lateSlow.Round(time.Millisecond))
-	// Generous bounds for a loaded machine; the figure above is the point.
-	require.Less(t, lateTimeout, 100*time.Millisecond)
-	require.Less(t, lateDeadline, 100*time.Millisecond)
+	// Generous bounds for a loaded machine (a timer there can run ~100ms
+	// late); the figure above is the point. Without the fix the call ends
+	// at the client's read timeout, 3s, about 2.8s late.
+	require.Less(t, lateTimeout, 250*time.Millisecond)
+	require.Less(t, lateDeadline, 250*time.Millisecond)
 	srv.Resume()
 	orphansSettle(t, c, "", time.Now())
 }
