@@ -116,10 +116,11 @@ func TestCloseLeavesNoPubSubGoroutine(t *testing.T) {
 		defer tracker.refuse(false)
 		require.NoError(t, c.ClientKillByFilter(bg, "TYPE", "pubsub").Err())
 		// The reconnects fail; the loop is about to pause for d. A pause of
-		// 100ms or more (or the fourth), so that Close returning before it
-		// would have ended is far from chance.
+		// 400ms or more (the fourth: 50, 100, 200, 400ms; at most the
+		// sixth), so that Close returning before it would have ended is far
+		// from chance, and from a loaded machine's ~100ms scheduling delays.
 		var d time.Duration
-		for i := 0; i < 4 && d < 100*time.Millisecond; i++ {
+		for i := 0; i < 6 && d < 400*time.Millisecond; i++ {
 			d = <-paused
 		}
 		t.Logf("the receive loop pauses %v", d)
