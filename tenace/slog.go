@@ -21,10 +21,9 @@ import (
 // Levels: lock.rejected, lock.lost, lock.failed, timeout and a
 // lock.released whose Release failed are logged at Warn — each means work
 // did not run, was cut short, or ran without its lock for a while; every
-// other event at Debug. The event's
-// Context goes to the handler, so a handler that adds a trace id from the
-// context does so. Nothing is built for a level the logger does not
-// enable.
+// other event at Debug. The event's Context goes to the handler, so a
+// handler that adds a trace id from the context does so. Nothing is built
+// for a level the logger does not enable.
 //
 // The keys can hold what your keys hold (customer ids, say): give a logger
 // whose handler drops or hashes "key" if they must not reach the logs — and
