@@ -16,7 +16,8 @@
 // one-minute timeout starts, then buildReport runs; the minute bounds the
 // work, and the lock's Timeout bounds the wait. Written
 // NewPolicy().With(lock).WithTimeout(time.Minute), the minute bounds the wait
-// and the work together.
+// and the work together; a *TimeoutError whose deadline passed during the
+// wait has BeforeFn set, and says the work did not start.
 //
 // Execute runs fn through the steps; Get does the same for a function that
 // returns a value. The execution key, passed with WithKey, is the lock key of
