@@ -98,3 +98,26 @@ func ExampleTimeoutError() {
 	fmt.Println(errors.As(err, &te), errors.Is(err, context.DeadlineExceeded))
 	// Output: true true
 }
+
+// A timeout added after the lock bounds the lock's wait too: when the wait
+// takes all of it, the work never starts, and the error says so.
+func ExampleTimeoutError_beforeFn() {
+	p := tenace.NewMemoryLockProvider()
+	defer p.Close()
+	other, _ := p.Acquire(context.Background(), "reports", tenace.LockAcquireOptions{}) // another call holds the key
+	defer other.Release(context.Background())
+
+	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p}).WithTimeout(10 * time.Millisecond)
+	err := pol.Execute(context.Background(), func(context.Context) error {
+		fmt.Println("never printed")
+		return nil
+	}, tenace.WithKey("reports"))
+	var te *tenace.TimeoutError
+	if errors.As(err, &te) {
+		fmt.Println(te.BeforeFn)
+		fmt.Println(err)
+	}
+	// Output:
+	// true
+	// tenace: the work did not start within its 10ms timeout (key "reports"): a step inside WithTimeout, such as a lock's wait, took all of it; add WithTimeout after that step so that it bounds the work alone, or raise its duration
+}
