@@ -23,10 +23,10 @@ type TimeoutError struct {
 	// Err is what the inner steps returned once they stopped (often ctx's
 	// error), or nil if they finished anyway.
 	Err error
-	// BeforeFn reports that fn had not been called when the deadline
-	// passed, and so never ran: a step inside the Timeout took all of it —
-	// typically the wait of a lock added before WithTimeout, which then
-	// bounds the wait and the work together.
+	// BeforeFn reports that the inner steps returned without calling fn:
+	// the deadline passed while a step inside the Timeout still held fn
+	// back — typically the wait of a lock added before WithTimeout, which
+	// then bounds the wait and the work together — and the work never ran.
 	BeforeFn bool
 }
 
