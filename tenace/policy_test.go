@@ -305,7 +305,9 @@ func TestWithTimeoutFiringReturnsTimeoutError(t *testing.T) {
 
 // A Timeout added after a lock bounds the lock's wait too; when the wait
 // takes all of it, fn never runs and the error says so, instead of telling
-// the caller to make the work faster.
+// the caller to make the work faster. Its advice is the order that bounds
+// the work alone: WithTimeout added before the lock (a step wraps the steps
+// added before it), not after, which is the order that failed here.
 func TestATimeoutThatEndsTheLockWaitSaysTheWorkDidNotStart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := tenace.NewMemoryLockProvider()
@@ -320,7 +322,7 @@ func TestATimeoutThatEndsTheLockWaitSaysTheWorkDidNotStart(t *testing.T) {
 		require.False(t, ran)
 		require.True(t, te.BeforeFn)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
-		require.EqualError(t, err, `tenace: the work did not start within its 1m0s timeout (key "job-7"): a step inside WithTimeout, such as a lock's wait, took all of it; add WithTimeout after that step so that it bounds the work alone, or raise its duration`)
+		require.EqualError(t, err, `tenace: the work did not start within its 1m0s timeout (key "job-7"): a step inside WithTimeout, such as a lock's wait, took all of it; add WithTimeout before that step so that it bounds the work alone, or raise its duration`)
 		require.NoError(t, other.Release(bg))
 		require.Equal(t, 0, p.Size(), "the abandoned wait left nothing behind")
 	})
