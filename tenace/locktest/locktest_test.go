@@ -323,12 +323,14 @@ func (p *refProvider) Acquire(ctx context.Context, key string, opts tenace.LockA
 	case "drops-raced-grant":
 		if l != nil {
 			// The grant takes a while to come back, as a server's reply
-			// does (here until the suite's cancel, at most a second: the
-			// suite cancels every waiter of CancelRacingGrant, the one
-			// subtest run with this provider). A ctx that ended meanwhile
-			// drops the grant instead of releasing it. Without the wait
-			// the window was the few instructions between mem's return
-			// and the check, which a busy machine missed in 19 runs of 20.
+			// does: until ctx ends, at most a second (every grant of the
+			// run waits so, the holder's and the free-key checks' too,
+			// which takes CancelRacingGrant, the one subtest run with this
+			// provider, a few seconds before it fails). A ctx that ended
+			// meanwhile drops the grant instead of releasing it. Without
+			// the wait the window was the few instructions between mem's
+			// return and the check, which a busy machine missed in 19 runs
+			// of 20.
 			timer := time.NewTimer(time.Second)
 			select {
 			case <-ctx.Done():
