@@ -56,6 +56,7 @@
 //	ctx already ended on entry               ctx's error; nothing runs
 //	no key from the lock nor the execution   ErrMissingKey; fn does not run
 //	an option out of range                   an error wrapping ErrInvalidOption, naming it
+//	                                         (also one the provider refuses: event lock.failed)
 //	lock not acquired within its Timeout     *LockNotAcquiredError{Key}; event lock.rejected
 //	ctx ends while waiting for the lock      ctx's error; fn does not run, even if the
 //	                                         grant lands at that moment
@@ -100,7 +101,10 @@
 // built as actors: keys hash with xxhash to N shard goroutines, each of which
 // alone owns its keys' FIFO wait queues, with no mutex (see package
 // tenace.dev/tenace/shard for the design and its invariants). The
-// distributed provider on Redis is tenace.dev/tenace/redislock.
+// distributed providers are tenace.dev/tenace/redislock, on Redis, and
+// tenace.dev/tenace/pglock, on PostgreSQL's advisory locks; both pass the
+// conformance suite tenace.dev/tenace/locktest, which a provider of your own
+// can run too.
 //
 // # Writing a step
 //

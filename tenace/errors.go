@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"tenace.dev/tenace/internal/keyfmt"
 	"tenace.dev/tenace/policy"
 )
 
@@ -15,9 +16,10 @@ import (
 var ErrMissingKey = errors.New("tenace: no lock key: set LockOptions.Key, or pass tenace.WithKey(key) to Execute")
 
 // ErrProviderClosed is returned by a MemoryLockProvider's Acquire once the
-// provider is closed, and to every waiter queued when Close was called.
+// provider is closed, and to every waiter queued when Close was called; the
+// distributed providers (redislock, pglock) return errors wrapping it.
 // Through a Lock it arrives wrapped in an *UnexpectedError.
-var ErrProviderClosed = errors.New("tenace: the lock provider is closed; create a new one, or use DefaultLockProvider()")
+var ErrProviderClosed = errors.New("tenace: the lock provider is closed: Close was called on it, and it grants no more locks; acquire from a provider that is open")
 
 // ErrInvalidOption is wrapped by the errors that report an option out of its
 // range (LockOptions.Timeout below zero other than NoWait, a negative TTL, a
@@ -52,7 +54,9 @@ var errDefaultClose = errors.New("tenace: DefaultLockProvider() lives as long as
 // LockNotAcquiredError is returned, as *LockNotAcquiredError, when a Lock
 // did not get its key within LockOptions.Timeout (or at once with NoWait).
 // fn did not run. It is not returned when the context ended first: then the
-// context's error is.
+// context's error is. Its message quotes the key, cut after 256 bytes (a
+// key from a request must not make a message as long as itself); Key is
+// whole.
 type LockNotAcquiredError struct {
 	// Key is the lock key.
 	Key string
@@ -60,13 +64,15 @@ type LockNotAcquiredError struct {
 
 // Error names the key and what to do about it.
 func (e *LockNotAcquiredError) Error() string {
-	return fmt.Sprintf("tenace: lock %q not acquired within its timeout: another call holds it; retry later or raise LockOptions.Timeout", e.Key)
+	return "tenace: lock " + keyfmt.Quote(e.Key) + " not acquired within its timeout: another call holds it; retry later or raise LockOptions.Timeout"
 }
 
 // UnexpectedError is returned, as *UnexpectedError, when the lock provider
 // failed to acquire: Redis unreachable, the provider closed (it wraps
 // ErrProviderClosed), and so on. fn did not run. errors.Is and errors.As
-// reach the cause.
+// reach the cause. An error wrapping ErrInvalidOption from the provider (an
+// option it bounds, such as redislock's TTL) is returned as it is instead:
+// the caller's mistake, not a failure.
 type UnexpectedError struct {
 	Err error
 }

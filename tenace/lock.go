@@ -66,7 +66,9 @@ type LockOptions struct {
 // ends the inner steps' context the moment the Lock learns of the loss, with
 // the lease's error as the cause (errors.Is(context.Cause(ctx),
 // ErrLeaseLost); ErrLeaseExpired for the TTL), and emits EventLockLost, so
-// that work under a lost lock stops.
+// that work under a lost lock stops. Execute returns what fn returns: a fn
+// that returns context.Cause(ctx) when its ctx ends lets the caller tell a
+// loss (errors.Is(err, ErrLeaseLost)) from its own cancellation.
 //
 // Locks are not reentrant. A call that waits for a key it already holds —
 // such as a nested policy locking the same execution key — waits for itself:
@@ -180,6 +182,13 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 		}
 		if observed {
 			emitWaitEnd(ctx, x, EventLockFailed, key, start, err)
+		}
+		if errors.Is(err, ErrInvalidOption) {
+			// The provider refused an option it bounds more tightly than
+			// validate does (redislock's TTL, say): the caller's mistake,
+			// reported as the Lock's own option errors are, not as a
+			// provider failure.
+			return err
 		}
 		return &UnexpectedError{Err: err}
 	}

@@ -47,7 +47,7 @@ import (
 //
 // A MemoryLockProvider is safe for concurrent use. Create it with
 // NewMemoryLockProvider and Close it when done; or share the process-wide
-// DefaultLockProvider().
+// DefaultLockProvider(). Its zero value is not usable: its methods panic.
 type MemoryLockProvider struct {
 	group     *shard.Group
 	closed    atomic.Bool
@@ -155,14 +155,15 @@ func DefaultLockProvider() *MemoryLockProvider { return defaultProvider() }
 // A grant that lands at the moment ctx ends or the timeout passes goes to
 // the next waiter, and Acquire reports the give-up: an error or nil lease
 // always means nothing is held. opts.TTL is ignored: these locks never expire.
-// It panics if p is nil.
+// It panics if p is nil or not made by NewMemoryLockProvider, or if ctx is
+// nil.
 func (p *MemoryLockProvider) Acquire(ctx context.Context, key string, opts LockAcquireOptions) (LockLease, error) {
 	// Every parked waiter keeps this frame and those below it on its stack:
 	// the errors and the timer are in functions of their own, so that the
 	// stack stays within the 2 KiB a goroutine starts with. The checks that
 	// pass are comparisons here: a call less on every acquire.
-	if key == "" || (opts.Timeout < 0 && opts.Timeout != NoWait) || opts.TTL < 0 || p == nil || p.closed.Load() {
-		return nil, p.refuse(key, &opts)
+	if key == "" || (opts.Timeout < 0 && opts.Timeout != NoWait) || opts.TTL < 0 || ctx == nil || p == nil || p.group == nil || p.closed.Load() {
+		return nil, p.refuse(ctx, key, &opts)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -193,12 +194,17 @@ func (p *MemoryLockProvider) Acquire(ctx context.Context, key string, opts LockA
 
 // refuse returns why an acquire that failed Acquire's checks must not be
 // sent: the input's error first, as ValidateAcquire words it, else closed.
-// It panics if p is nil: a programmer's mistake, not a caller's input.
+// It panics if p is nil or was not made by NewMemoryLockProvider, or if ctx
+// is nil: a programmer's mistake, not a caller's input.
 //
 //go:noinline
-func (p *MemoryLockProvider) refuse(key string, opts *LockAcquireOptions) error {
+func (p *MemoryLockProvider) refuse(ctx context.Context, key string, opts *LockAcquireOptions) error {
 	if p == nil {
 		panic("tenace: MemoryLockProvider.Acquire on a nil *MemoryLockProvider: make one with NewMemoryLockProvider, or leave LockOptions.Provider nil for DefaultLockProvider()")
+	}
+	p.mustBeMade("Acquire")
+	if ctx == nil {
+		panic("tenace: MemoryLockProvider.Acquire: nil context: pass context.Background() or the caller's context")
 	}
 	if err := validateAcquire(key, *opts); err != nil {
 		return err
@@ -270,7 +276,18 @@ func (p *MemoryLockProvider) stopTimer(t *time.Timer) {
 // hands the key to a waiter is a message, and right after one Size counts
 // what the shard has applied so far. It is 0 when idle. It costs one atomic
 // load per shard.
-func (p *MemoryLockProvider) Size() int { return p.group.Size() }
+func (p *MemoryLockProvider) Size() int {
+	p.mustBeMade("Size")
+	return p.group.Size()
+}
+
+// mustBeMade panics, naming method, if p is the zero MemoryLockProvider
+// (declared, not made by NewMemoryLockProvider): it has no shards.
+func (p *MemoryLockProvider) mustBeMade(method string) {
+	if p.group == nil {
+		panic("tenace: MemoryLockProvider." + method + " on a MemoryLockProvider that NewMemoryLockProvider did not make (its zero value has no shards): use NewMemoryLockProvider, or DefaultLockProvider()")
+	}
+}
 
 // Stats reports the provider's locks from the counts the shards publish —
 // atomic loads, no message: Held is Size (the keys held; a key waited for is
@@ -279,6 +296,7 @@ func (p *MemoryLockProvider) Size() int { return p.group.Size() }
 // sent before the call, and all zero when idle; it is safe for concurrent
 // use and never waits for a shard.
 func (p *MemoryLockProvider) Stats() LockStats {
+	p.mustBeMade("Stats")
 	var st LockStats
 	for i := range p.group.Shards() {
 		s := p.group.Shard(i)
@@ -299,6 +317,7 @@ func (p *MemoryLockProvider) Close() error {
 	if p.isDefault {
 		return errDefaultClose
 	}
+	p.mustBeMade("Close")
 	p.closed.Store(true)
 	p.group.Stop() // every call waits for the shards to exit, not only the first
 	return nil

@@ -3,6 +3,8 @@ package tenace_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -247,6 +249,25 @@ func TestProviderFailureIsUnexpectedError(t *testing.T) {
 	require.ErrorIs(t, err, errBoom, "errors.Is reaches the cause")
 	require.ErrorContains(t, err, "boom")
 	require.False(t, ran)
+}
+
+// An option the provider bounds itself (redislock's TTL) is the caller's
+// mistake: Execute returns the provider's error as it is, as it does the
+// Lock's own option errors, not as a provider failure; the wait still ends
+// with lock.failed, so that every lock.acquiring has its end.
+func TestAnOptionTheProviderRefusesIsNotAProviderFailure(t *testing.T) {
+	refused := fmt.Errorf("fakeprovider: %w: LockAcquireOptions.TTL 500µs is below 1ms", tenace.ErrInvalidOption)
+	fp := &fakeProvider{acquire: func(context.Context, string) (tenace.LockLease, error) { return nil, refused }}
+	var rec recorder
+	ran := false
+	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: fp, Key: "k", TTL: 500 * time.Microsecond}).OnEvent(rec.on).
+		Execute(bg, func(context.Context) error { ran = true; return nil })
+	require.Same(t, refused, err)
+	var ue *tenace.UnexpectedError
+	require.False(t, errors.As(err, &ue), "not reported as a provider failure")
+	require.ErrorIs(t, err, tenace.ErrInvalidOption)
+	require.False(t, ran)
+	require.Equal(t, []string{"lock.acquiring:k", "lock.failed:k"}, rec.names())
 }
 
 // A provider that breaks its contract by returning a lease with an error
@@ -497,6 +518,17 @@ func TestMisusePanicsWithTenacePrefix(t *testing.T) {
 		"nil memory provider, Acquire": func() {
 			_, _ = (*tenace.MemoryLockProvider)(nil).Acquire(bg, "k", tenace.LockAcquireOptions{})
 		},
+		// These three crashed with a bare nil dereference.
+		"nil ctx, memory provider's Acquire": func() {
+			//lint:ignore SA1012 the misuse under test
+			_, _ = tenace.DefaultLockProvider().Acquire(nil, "k", tenace.LockAcquireOptions{})
+		},
+		"zero memory provider, Acquire": func() {
+			_, _ = new(tenace.MemoryLockProvider).Acquire(bg, "k", tenace.LockAcquireOptions{})
+		},
+		"zero memory provider, Stats": func() { _ = new(tenace.MemoryLockProvider).Stats() },
+		"zero memory provider, Size":  func() { _ = new(tenace.MemoryLockProvider).Size() },
+		"zero memory provider, Close": func() { _ = new(tenace.MemoryLockProvider).Close() },
 	} {
 		t.Run(name, func(t *testing.T) {
 			defer func() {
@@ -896,6 +928,29 @@ func TestErrorMessagesSayWhatHappenedAndWhatToDo(t *testing.T) {
 	require.Contains(t, tenace.ErrMissingKey.Error(), "LockOptions.Key")
 	require.Contains(t, tenace.ErrProviderClosed.Error(), "closed")
 	require.Contains(t, (&tenace.TimeoutError{Timeout: time.Second, Key: "k"}).Error(), `(key "k")`)
+}
+
+// A key can come from a request (WithKey("customer:"+id)): a 10 MiB one made
+// a 10 MiB error message, and LogEvents logged it in every rejected event's
+// err. The messages quote 256 bytes of it; the errors' Key fields keep it.
+func TestErrorMessagesCutALongKey(t *testing.T) {
+	long := strings.Repeat("k", 10<<20)
+	want := `"` + strings.Repeat("k", 256) + `"… (10485760 bytes)`
+	p, _ := newProvider(t)
+	held := mustAcquire(t, p, long)
+	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Timeout: tenace.NoWait}).Execute(bg, noop, tenace.WithKey(long))
+	var busy *tenace.LockNotAcquiredError
+	require.ErrorAs(t, err, &busy)
+	require.Equal(t, long, busy.Key)
+	require.Less(t, len(err.Error()), 400)
+	require.Contains(t, err.Error(), want)
+	require.NoError(t, held.Release(bg))
+
+	te := &tenace.TimeoutError{Timeout: time.Second, Key: long}
+	require.Less(t, len(te.Error()), 400)
+	require.Contains(t, te.Error(), "(key "+want+")")
+	te.BeforeFn = true
+	require.Contains(t, te.Error(), "(key "+want+")")
 }
 
 // TestPolicyMatchesTheTable draws pipeline shapes and executions and checks

@@ -14,7 +14,10 @@ import (
 const NoWait time.Duration = -1
 
 // LockProvider hands out locks on keys. MemoryLockProvider is the in-process
-// one; package tenace.dev/tenace/redislock has a distributed one.
+// one; packages tenace.dev/tenace/redislock (Redis) and
+// tenace.dev/tenace/pglock (PostgreSQL) have distributed ones, and package
+// tenace.dev/tenace/locktest checks any implementation against this
+// contract.
 //
 // Acquire returns a lease when the lock was granted; (nil, nil) when it was
 // not granted within opts.Timeout (at once with NoWait); (nil, err) with

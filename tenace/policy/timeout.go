@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"tenace.dev/tenace/internal/keyfmt"
 )
 
 // EventTimeout is the event a [Timeout] emits when its deadline fires. Its
@@ -18,7 +20,8 @@ const EventTimeout = "timeout"
 type TimeoutError struct {
 	// Timeout is the step's duration.
 	Timeout time.Duration
-	// Key is the execution key, possibly empty.
+	// Key is the execution key, possibly empty. The message quotes it cut
+	// after 256 bytes; Key is whole.
 	Key string
 	// Err is what the inner steps returned once they stopped (often ctx's
 	// error), or nil if they finished anyway.
@@ -34,7 +37,7 @@ type TimeoutError struct {
 func (e *TimeoutError) Error() string {
 	key := ""
 	if e.Key != "" {
-		key = fmt.Sprintf(" (key %q)", e.Key)
+		key = " (key " + keyfmt.Quote(e.Key) + ")"
 	}
 	if e.BeforeFn {
 		return fmt.Sprintf("tenace: the work did not start within its %v timeout%s: a step inside WithTimeout, such as a lock's wait, took all of it; add WithTimeout before that step so that it bounds the work alone, or raise its duration", e.Timeout, key)
