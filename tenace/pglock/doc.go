@@ -84,9 +84,11 @@
 // too: N holders and M waiters use N+M connections of the provider's pool,
 // which WithMaxConns bounds (DefaultMaxConns). When all are in use, Acquire
 // waits for one within its Timeout and ctx — or, with NoWait, returns
-// ErrPoolExhausted at once. Nested locks need one connection per level: a
-// pool full of holders that each wait for a second key waits until their
-// Timeout. A cancelled wait costs a connection: its connection is closed
+// ErrPoolExhausted at once. A Timeout that passes while it waits for a
+// connection returns an error wrapping ErrPoolExhausted, not "not granted":
+// the key was never asked for, and a Lock step reports lock.failed, not
+// lock.rejected. Nested locks need one connection per level: a pool full of
+// holders that each wait for a second key waits until their Timeout. A cancelled wait costs a connection: its connection is closed
 // rather than reused (see below), and the pool dials a new one.
 //
 // Session locks need a session that stays one: a pooler in transaction or

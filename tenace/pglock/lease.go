@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"tenace.dev/tenace"
+	"tenace.dev/tenace/internal/keyfmt"
 )
 
 // lease is one grant: the connection whose session holds the advisory lock
@@ -67,7 +68,7 @@ func (p *Provider) grant(conn *pgxpool.Conn, key string, id int32, fence uint64,
 	p.mu.Lock()
 	if p.isEnded {
 		p.mu.Unlock()
-		l.end(fmt.Errorf("%w: the provider was closed as the lock on %q was granted", tenace.ErrLeaseLost, key))
+		l.end(fmt.Errorf("%w: the provider was closed as the lock on %s was granted", tenace.ErrLeaseLost, keyfmt.Quote(key)))
 		return nil, p.closedErr()
 	}
 	p.leases[l] = struct{}{}
@@ -80,7 +81,7 @@ func (p *Provider) grant(conn *pgxpool.Conn, key string, id int32, fence uint64,
 		// An ender that comes before stopTTL is set finds no timer to stop;
 		// the timer then finds the lease ended and does nothing.
 		expired := func() {
-			l.end(fmt.Errorf("%w: pglock: the lock on %q reached its TTL of %v and was released", tenace.ErrLeaseExpired, key, ttl))
+			l.end(fmt.Errorf("%w: pglock: the lock on %s reached its TTL of %v and was released", tenace.ErrLeaseExpired, keyfmt.Quote(key), ttl))
 		}
 		var stop func() bool
 		if opts.Clock == nil {
@@ -143,7 +144,7 @@ func (l *lease) Release(ctx context.Context) error {
 			<-l.Lost()
 		}
 		if err := l.Err(); err != nil && l.reportLoss() {
-			return fmt.Errorf("pglock: Release of %q touched nothing: %w", l.key, err)
+			return fmt.Errorf("pglock: Release of %s touched nothing: %w", keyfmt.Quote(l.key), err)
 		}
 		return nil
 	}
@@ -237,7 +238,7 @@ func (l *lease) finish(ctx context.Context, cause error) error {
 		if cause != nil {
 			return nil
 		}
-		return fmt.Errorf("pglock: Release of %q touched nothing: %w", l.key, l.Err())
+		return fmt.Errorf("pglock: Release of %s touched nothing: %w", keyfmt.Quote(l.key), l.Err())
 	}
 	_ = l.conn.Conn().PgConn().Conn().SetReadDeadline(time.Time{})
 	var unlocked bool
@@ -256,11 +257,11 @@ func (l *lease) finish(ctx context.Context, cause error) error {
 		l.reported.Store(true)
 		l.Lose(l.lostErr(err))
 		discard(l.conn)
-		return fmt.Errorf("pglock: Release of %q could not unlock: %w", l.key, l.Err())
+		return fmt.Errorf("pglock: Release of %s could not unlock: %w", keyfmt.Quote(l.key), l.Err())
 	}
 	if err != nil {
 		discard(l.conn)
-		return fmt.Errorf("pglock: unlocking %q: %w; its connection was closed instead, which releases the lock when the server ends the session", l.key, err)
+		return fmt.Errorf("pglock: unlocking %s: %w; its connection was closed instead, which releases the lock when the server ends the session", keyfmt.Quote(l.key), err)
 	}
 	if ctx.Err() != nil {
 		// Unlocked, but ctx ended while the unlock ran: cancel requests
@@ -294,7 +295,7 @@ func connEnded(c *pgxpool.Conn, err error) bool {
 }
 
 func (l *lease) lostErr(err error) error {
-	return fmt.Errorf("%w: pglock: the connection holding the lock on %q (backend %d) ended: %v; the server released the lock with the session, and another caller may hold it now", tenace.ErrLeaseLost, l.key, l.pid, err)
+	return fmt.Errorf("%w: pglock: the connection holding the lock on %s (backend %d) ended: %v; the server released the lock with the session, and another caller may hold it now", tenace.ErrLeaseLost, keyfmt.Quote(l.key), l.pid, err)
 }
 
 // watch waits on the pinned connection, which is idle while the lock is

@@ -2,6 +2,7 @@ package pglock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -216,9 +217,17 @@ func TestPoolExhausted(t *testing.T) {
 	// Both connections are pinned: a third key cannot be locked now.
 	_, err := p.Acquire(bg, keyOf(t, "c"), tenace.LockAcquireOptions{Timeout: tenace.NoWait})
 	require.ErrorIs(t, err, pglock.ErrPoolExhausted)
+	// With a Timeout it waits for a connection; when none frees in time it
+	// says so, not "not granted": the key c was never asked for (it is free),
+	// and a Lock step must report a failure, not contention.
 	l, err := p.Acquire(bg, keyOf(t, "c"), tenace.LockAcquireOptions{Timeout: 50 * time.Millisecond})
-	require.NoError(t, err)
-	require.Nil(t, l, "not granted within its Timeout: the wait for a connection counts")
+	require.Nil(t, l)
+	require.ErrorIs(t, err, pglock.ErrPoolExhausted)
+	require.ErrorContains(t, err, "within its 50ms Timeout (WithMaxConns 2)")
+	var rejected *tenace.LockNotAcquiredError
+	err = tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: keyOf(t, "c"), Timeout: 50 * time.Millisecond}).Execute(bg, func(context.Context) error { return nil })
+	require.False(t, errors.As(err, &rejected), "a full pool is not a held key: %v", err)
+	require.ErrorIs(t, err, pglock.ErrPoolExhausted)
 	ctx, cancel := context.WithCancel(bg)
 	r := acquireAsync(ctx, p, keyOf(t, "c"), tenace.LockAcquireOptions{})
 	cancel()

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"tenace.dev/tenace"
+	"tenace.dev/tenace/internal/keyfmt"
 )
 
 // Defaults.
@@ -26,11 +27,13 @@ const (
 	DefaultMaxConns = 16
 )
 
-// ErrPoolExhausted is returned by Acquire with NoWait when every connection
-// the provider may open is pinned by a held lock or a waiting caller. With a
-// Timeout or a ctx deadline Acquire waits for a connection instead, within
-// the same bound as for the lock.
-var ErrPoolExhausted = errors.New("pglock: every connection of the provider is pinned by a held lock or a waiting caller, and NoWait does not wait for one; raise WithMaxConns, or wait with a Timeout")
+// ErrPoolExhausted is what Acquire returns, or wraps, when every connection
+// the provider may open is pinned by a held lock or a waiting caller: at
+// once with NoWait; with a Timeout, once the Timeout passed while it waited
+// for a connection (it never asked the server for the key, which may be
+// free, so this is not "not granted in time"). A ctx that ends while it
+// waits gives ctx's error, as always.
+var ErrPoolExhausted = errors.New("pglock: every connection of the provider is pinned by a held lock or a waiting caller; raise WithMaxConns, or wait longer")
 
 // ErrPooler is returned by New when the connection goes through a pooler
 // (PgBouncer, pgcat, Supavisor...): a session advisory lock must stay with
@@ -181,8 +184,9 @@ func WithTable(name string) Option {
 // WithMaxConns bounds the connections the provider opens (default
 // DefaultMaxConns). A held lock pins one connection from Acquire to Release,
 // and a waiting caller one too: N holders and M waiters use N+M connections.
-// When all are in use, Acquire waits for one within its Timeout and ctx, or
-// returns ErrPoolExhausted with NoWait. Leave room in the server's
+// When all are in use, Acquire waits for one within its Timeout and ctx; it
+// returns ErrPoolExhausted at once with NoWait, and an error wrapping it if
+// the Timeout passes first. Leave room in the server's
 // max_connections for every process. It panics if n < 1.
 func WithMaxConns(n int) Option {
 	if n < 1 {
@@ -380,8 +384,10 @@ func (p *Provider) prepareSQL() {
 // Acquire waits for key and returns its lease: a lease when granted; (nil,
 // nil) when not granted within opts.Timeout (at once with NoWait); (nil,
 // ctx's error) when ctx ends first; (nil, err) when PostgreSQL fails, the
-// provider is closed (an error wrapping tenace.ErrProviderClosed) or, with
-// NoWait, no connection is free (ErrPoolExhausted). Invalid input (an empty
+// provider is closed (an error wrapping tenace.ErrProviderClosed) or no
+// connection is free: at once with NoWait, or once the Timeout passed while
+// it waited for one (ErrPoolExhausted, or an error wrapping it: the key was
+// not asked for, so this is not "not granted"). Invalid input (an empty
 // key, a negative Timeout other than NoWait, a negative TTL) returns an
 // error wrapping tenace.ErrMissingKey or tenace.ErrInvalidOption.
 //
@@ -428,6 +434,10 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 		select {
 		case p.slots <- struct{}{}:
 		case <-wctx.Done():
+			if tenace.TimedOut(ctx, wctx) {
+				// Not the key's contention: the server was never asked.
+				return nil, fmt.Errorf("pglock: no connection free for %s within its %v Timeout (WithMaxConns %d): %w", keyfmt.Quote(key), opts.Timeout, p.maxConns, ErrPoolExhausted)
+			}
 			return p.waitEnded(ctx, wctx)
 		}
 	}
@@ -475,7 +485,7 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 			p.unlockAll(conn)
 			discard(conn)
 			if !dead || reconnected || wctx.Err() != nil || p.closed.Err() != nil {
-				l, err := p.failed(ctx, wctx, fmt.Errorf("pglock: acquiring %q: %w", key, err))
+				l, err := p.failed(ctx, wctx, fmt.Errorf("pglock: acquiring %s: %w", keyfmt.Quote(key), err))
 				return l, false, err
 			}
 			// The connection had died (the pool's idle connections after
@@ -484,7 +494,7 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 			// anything it held.
 			reconnected = true
 			if conn, err = p.reconnect(wctx); err != nil {
-				l, err := p.failed(ctx, wctx, fmt.Errorf("pglock: acquiring %q: its connection ended, and reconnecting failed: %w", key, err))
+				l, err := p.failed(ctx, wctx, fmt.Errorf("pglock: acquiring %s: its connection ended, and reconnecting failed: %w", keyfmt.Quote(key), err))
 				return l, false, err
 			}
 			continue
@@ -509,7 +519,7 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 				discard(conn)
 				var l tenace.LockLease
 				if err != nil {
-					err = fmt.Errorf("pglock: registering the key %q in %s: %w", key, p.table, err)
+					err = fmt.Errorf("pglock: registering the key %s in %s: %w", keyfmt.Quote(key), p.table, err)
 				}
 				l, err = p.failed(ctx, wctx, err)
 				return l, false, err
@@ -518,7 +528,7 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 			continue
 		case id == nil:
 			conn.Release()
-			return nil, false, fmt.Errorf("pglock: the key %q vanished from %s as it was registered; is something deleting its rows?", key, p.table)
+			return nil, false, fmt.Errorf("pglock: the key %s vanished from %s as it was registered; is something deleting its rows?", keyfmt.Quote(key), p.table)
 		case !locked:
 			// The try failed: the session holds nothing.
 			conn.Release()
@@ -526,7 +536,7 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 		case fence == nil && p.fencing:
 			p.unlockAll(conn)
 			discard(conn)
-			return nil, false, fmt.Errorf("pglock: the row of key %q vanished from %s while it was locked; rows must never be deleted", key, p.table)
+			return nil, false, fmt.Errorf("pglock: the row of key %s vanished from %s while it was locked; rows must never be deleted", keyfmt.Quote(key), p.table)
 		}
 		var token uint64
 		if fence != nil {
@@ -664,7 +674,7 @@ func (p *Provider) Close() error {
 		// other leases' Lost nor their unlock.
 		var wg sync.WaitGroup
 		for _, l := range held {
-			cause := fmt.Errorf("%w: the provider was closed while the lock on %q was held", tenace.ErrLeaseLost, l.key)
+			cause := fmt.Errorf("%w: the provider was closed while the lock on %s was held", tenace.ErrLeaseLost, keyfmt.Quote(l.key))
 			if l.lose(cause) {
 				wg.Go(func() { l.unlockLost(cause) })
 			}
