@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"tenace.dev/tenace"
+	"tenace.dev/tenace/internal/keyfmt"
 	"tenace.dev/tenace/policy"
 )
 
@@ -96,9 +97,21 @@ func validate(key string, opts tenace.LockAcquireOptions) error {
 }
 
 // Acquire waits for key and returns its lease: a lease when granted; (nil,
-// nil) when not granted within opts.Timeout (at once with NoWait); (nil,
-// ctx's error) when ctx ends first, also when it ends during a Redis call;
-// (nil, err) when Redis fails, at once.
+// nil) when the server answered that another call holds key and
+// opts.Timeout passed while waiting for its release (with NoWait, at once
+// on that answer); (nil, ctx's error) when ctx ends first, also when it
+// ends during a Redis call; (nil, err) when Redis fails, at once.
+//
+// A Timeout that passes on a try the server has left unanswered for 250ms
+// or more (a stalled server, or one that refuses connections while
+// go-redis retries the dial) is not "held by another": Acquire returns an
+// error that names key and the Timeout and wraps the cause (`redislock:
+// acquiring "k": no answer from Redis within the 300ms Timeout: ...`),
+// which a Lock reports as a provider failure (lock.failed), not as
+// contention. A try cut short sooner is taken for part of the wait, (nil,
+// nil): a healthy server answers in well under a millisecond, but a loaded
+// machine can hold a goroutine back for tens of milliseconds, and a
+// Timeout shorter than a round trip cannot tell a slow answer from none.
 //
 // opts.Timeout bounds the whole call, Redis calls included: each call gets
 // a context that ends at the timeout (and at ctx's end), which go-redis
@@ -121,18 +134,23 @@ func validate(key string, opts tenace.LockAcquireOptions) error {
 //
 // Invalid input: an empty key (an error wrapping tenace.ErrMissingKey), a
 // negative Timeout other than NoWait, a negative TTL or one under a
-// millisecond (tenace.ErrInvalidOption). On a closed provider, an error
-// wrapping tenace.ErrProviderClosed (an Acquire whose grant came as the
-// provider was closed returns a lease already lost: see Close).
+// millisecond (tenace.ErrInvalidOption); a nil ctx panics. On a closed
+// provider, an error wrapping tenace.ErrProviderClosed (an Acquire whose
+// grant came as the provider was closed returns a lease already lost: see
+// Close).
 //
 // When Acquire returns no lease after a Redis call whose outcome is unknown
 // (an error or a deadline after the script was sent), the script may yet
 // run, or may have run, and take the key. Acquire then voids its token in
 // the background (see Close): once the server answers, the key is freed if
 // the script took it, and the script cannot take it later. Until then, the
-// key may be held by nobody; at worst, with the server unreachable until
-// the provider is closed, for its TTL.
+// key may be held by nobody; at worst, if the provider is closed or gives
+// the void up first (see the package doc), for its first expiry,
+// min(window, TTL), after the script ran.
 func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
+	if ctx == nil {
+		panic("tenace: redislock.Provider.Acquire: nil context: pass context.Background() or the caller's context")
+	}
 	if err := validate(key, opts); err != nil {
 		return nil, err
 	}
@@ -148,7 +166,7 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	}
 	actx, cancel := tenace.AcquireContext(ctx, opts)
 	defer cancel()
-	w := waitCtx{caller: ctx, acq: actx, call: actx}
+	w := waitCtx{caller: ctx, acq: actx, call: actx, timeout: opts.Timeout}
 	if !policy.IsSystemClock(opts.Clock) {
 		// actx's deadline is on opts.Clock, and go-redis would take it for
 		// a real one (with a clock behind real time every call would time
@@ -170,15 +188,19 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 // call is what each Redis call gets: acq itself on the system clock, whose
 // deadline go-redis turns into socket deadlines; with another clock, a
 // context with the caller's (real) deadline that ends when acq does.
+// timeout is the call's Timeout, for the error that says no answer came
+// within it.
 type waitCtx struct {
 	caller, acq, call context.Context
+	timeout           time.Duration
 }
 
 // acquire: see waitCtx.
 func (p *Provider) acquire(w waitCtx, a *attempt, noWait bool) (*lease, error) {
+	sent := time.Now()
 	l, holderTTL, err := a.try(w.call)
 	if err != nil {
-		return nil, a.failed(w, err)
+		return nil, a.failed(w, err, time.Since(sent) < answerGrace)
 	}
 	if l != nil || noWait {
 		return l, nil
@@ -192,7 +214,10 @@ func (p *Provider) acquire(w waitCtx, a *attempt, noWait bool) (*lease, error) {
 		return nil, errClosed
 	}
 	if err != nil {
-		return nil, a.outcome(w, fmt.Errorf("redislock: subscribing to the release channel of %q: %w", a.key, err))
+		// The server answered the try that the key was held: a Timeout
+		// that ends the wait for the subscription ends a wait for a
+		// release, (nil, nil).
+		return nil, a.outcome(w, fmt.Errorf("redislock: subscribing to the release channel of %s: %w", keyfmt.Quote(a.key), err), nil)
 	}
 	acquired := false
 	defer func() { p.subs.unsubscribe(sw, acquired) }()
@@ -210,12 +235,13 @@ func (p *Provider) acquire(w waitCtx, a *attempt, noWait bool) (*lease, error) {
 		case <-sw.wake:
 		case <-retry.C:
 		case <-w.acq.Done():
-			return nil, a.outcome(w, nil)
+			return nil, a.outcome(w, nil, nil)
 		case <-p.closing:
 			return nil, errClosed
 		}
+		sent = time.Now()
 		if l, holderTTL, err = a.try(w.call); err != nil {
-			return nil, a.failed(w, err)
+			return nil, a.failed(w, err, time.Since(sent) < answerGrace)
 		}
 		if l != nil {
 			acquired = true
@@ -272,23 +298,55 @@ func (a *attempt) run(ctx context.Context) ([]int64, error) {
 // bound is only against a context that never reports its deadline.
 const outcomeWait = time.Second
 
+// answerGrace is how long a try may go unanswered when the Timeout cuts it
+// short and still count as part of the wait: (nil, nil), not an outage. A
+// Timeout can land on a try in flight on a healthy server — the first one,
+// or a retry after a release message, the fallback timer or the Pub/Sub
+// connection's return — which answers in well under a millisecond; a
+// loaded machine can hold a goroutine or a timer back for about 100ms; and
+// a Timeout shorter than a round trip cannot tell a slow answer from none.
+// A try the server has left unanswered this long is an outage.
+const answerGrace = 250 * time.Millisecond
+
 // failed handles a try that returned err: the script may have run, or may
 // yet run, so the token is voided in the background; then it reports.
-func (a *attempt) failed(w waitCtx, err error) error {
+// graced says the try was cut short less than answerGrace after it was
+// sent.
+//
+// When the Timeout ended the try (or passed as it failed), the server has
+// not answered it: that is reported as an error that says so, not as (nil,
+// nil), which says another call holds the key and which a Lock reports as
+// contention (lock.rejected) rather than a failure. Two exceptions: an
+// error reply (a redis.Error) is the server's answer and is returned as
+// itself; and a graced try, cut short too soon to call the server
+// unresponsive, counts as part of the wait: (nil, nil).
+func (a *attempt) failed(w waitCtx, err error, graced bool) error {
 	a.p.voids.add(a)
-	return a.outcome(w, fmt.Errorf("redislock: acquiring %q: %w", a.key, err))
+	failure := fmt.Errorf("redislock: acquiring %s: %w", keyfmt.Quote(a.key), err)
+	var timedOut error // what the Timeout's end makes of it
+	var reply redis.Error
+	switch {
+	case errors.As(err, &reply):
+		timedOut = failure // the server's answer, whatever the Timeout
+	case graced:
+		timedOut = nil // part of the wait: not granted in time
+	default:
+		timedOut = fmt.Errorf("redislock: acquiring %s: no answer from Redis within the %v Timeout: %w", keyfmt.Quote(a.key), w.timeout, err)
+	}
+	return a.outcome(w, failure, timedOut)
 }
 
 // outcome is what Acquire returns when it returns no lease: ctx's error if
-// ctx ended, nil (not granted in time) if the Timeout did, else err.
+// ctx ended; timedOut if the Timeout did (nil when it passed while waiting
+// for a release; else the error failed chose); else err.
 //
 // A deadline and the i/o timeout go-redis sets from it fire on different
 // clocks (a timer, the network poller), so a call can fail with an i/o
 // timeout a moment before ctx reports its end. Once the deadline has passed
 // the context ends within moments: wait for it, so that the caller sees
-// ctx's error, not an i/o error. (The wait is bounded, and the deadline
-// is the calls' own: real time.)
-func (a *attempt) outcome(w waitCtx, err error) error {
+// ctx's error (or the Timeout's outcome), not an i/o error. (The wait is
+// bounded, and the deadline is the calls' own: real time.)
+func (a *attempt) outcome(w waitCtx, err, timedOut error) error {
 	if d, ok := w.call.Deadline(); ok && !time.Now().Before(d) && w.acq.Err() == nil {
 		t := time.NewTimer(outcomeWait)
 		select {
@@ -301,7 +359,7 @@ func (a *attempt) outcome(w waitCtx, err error) error {
 		return err
 	}
 	if tenace.TimedOut(w.caller, w.acq) {
-		return nil // not granted in time
+		return timedOut
 	}
 	return err
 }

@@ -61,12 +61,29 @@
 // returns no lease, and the provider voids the token in the background: a
 // script that marks the token void for one window, and at least 15s (so
 // that its acquire script, if it runs in that time, takes nothing), and
-// deletes the key if the token holds it. It retries until the server
-// answers, or until Close.
+// deletes the key if the token holds it. The voids pending are tried in
+// turn, a failed one going to the back, so that one that keeps failing
+// holds up no other. Each is retried until it succeeds, or until Close, or
+// until retrying is pointless: its first expiry, min(window, TTL), after
+// the server first answered it with an error (the key, if the acquire took
+// it, has expired by then), or the void marker's life (one window, and at
+// least 15s) after the acquire failed if the server never answers. A void
+// given up is logged through WithLogger.
 //
-// The lock key is prefix + "{" + key + "}"; its counter, release channel and
-// void markers share that prefix and hash tag, so the scripts work on a
-// Redis Cluster; the prefix must not contain braces.
+// # Names
+//
+// The lock of key is named prefix + "{" + key + "}"; its fencing counter,
+// release channel and void markers are that name and a suffix (":fence",
+// ":released", ":void:" and the token), so they share its hash tag — key
+// up to its first "}" — and the scripts work on a Redis Cluster. The prefix
+// must not contain braces. A key that starts with "}" would make that tag
+// empty, which Redis ignores (the names would hash to different slots), so
+// such a key is named prefix + "}{=" + key + "}" instead, and the same
+// suffixes: its tag is "=", one slot for all such keys. No two keys share
+// a name: every other name has "{" where these have "}". (Versions before
+// this scheme named a key starting with "}" prefix + "{" + key + "}": a
+// process running one of them and one running this version do not exclude
+// each other on such keys; on every other key they do.)
 //
 // # Defaults
 //
@@ -111,9 +128,20 @@
 //   - No lock held by nobody: when Acquire returns no lease (an error, ctx's
 //     end, the Timeout), the key is not held by this call once the server
 //     has answered the void (above) — within about 100ms of the server
-//     answering again after a stall. Before that, and if the provider is
-//     closed first, such a key can stay held for its first window (or its
-//     TTL, if shorter).
+//     answering again after a stall, whatever other voids keep failing.
+//     Before that, if the provider is closed first, and if the void is
+//     given up (a stall longer than the void marker's life, a void the
+//     server keeps refusing), such a key can stay held for its first
+//     window (or its TTL, if shorter).
+//   - A Timeout means contention, an error means the server: when the
+//     Timeout passes on a try the server has left unanswered for 250ms or
+//     more, Acquire returns an error that says so, naming the key and the
+//     Timeout and wrapping the cause, which a Lock reports as a failure
+//     (lock.failed), not as contention (lock.rejected). Otherwise a Timeout
+//     that passes is (nil, nil): the server answered that the key is held
+//     and the wait for its release ran out, or the try in flight was cut
+//     short too soon to call the server unresponsive (a Timeout under
+//     250ms cannot tell a slow answer from none).
 //   - Timeout and ctx bound Acquire, Redis calls included, on a client with
 //     ContextTimeoutEnabled, also while the shared Pub/Sub connection is
 //     being opened, or re-opened after it broke: a waiter waits for its
@@ -151,5 +179,17 @@
 //   - Errors: a Redis command that fails returns its error at once (through
 //     a Lock, an *tenace.UnexpectedError); the provider retries nothing but
 //     the voids. go-redis may retry a command on its own (MaxRetries): the
-//     scripts are idempotent for their token, so that is safe.
+//     scripts are idempotent for their token, so that is safe. "At once" is
+//     go-redis's: on a server that refuses connections it dials up to
+//     DialerRetries times (5), DialerRetryTimeout (100ms) apart, for each
+//     of a command's MaxRetries+1 sends (4), so an Acquire sees "connection
+//     refused" about 2s after the server went down (sooner once go-redis
+//     has failed PoolSize dials in a row, when it fails fast until a dial
+//     gets through; with a shorter Timeout, the error above at the
+//     Timeout). go-redis also waits DialerRetryTimeout after its last
+//     failed dial. A client with DialerRetries: 1, DialerRetryTimeout: 1ms
+//     and MaxRetries: -1 reports it in about a millisecond (at the cost of
+//     go-redis's retries, on a new connection, of a command whose pooled
+//     connection had broken); the provider cannot change a client's
+//     options, nor set them per call.
 package redislock

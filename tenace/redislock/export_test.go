@@ -31,3 +31,16 @@ func OnPubSubBackoff(p *Provider, f func(time.Duration)) { p.subs.onBackoff = f 
 
 // VoidLife is how long p's void markers live.
 func VoidLife(p *Provider) time.Duration { return time.Duration(p.voidMS) * time.Millisecond }
+
+// PendingVoids reports how many acquires p's janitor still has to undo,
+// and whether its goroutine runs.
+func PendingVoids(p *Provider) (pending int, running bool) {
+	p.voids.mu.Lock()
+	defer p.voids.mu.Unlock()
+	return len(p.voids.pending), p.voids.running
+}
+
+// SetVoidLife sets how long p's void markers live, and so how long its
+// janitor tries a void the server never answers. Call it before p's first
+// Acquire.
+func SetVoidLife(p *Provider, d time.Duration) { p.voidMS = d.Milliseconds() }

@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -45,10 +46,14 @@ return 0
 // void, for that long.
 const minVoidLife = 15 * time.Second
 
-// The janitor's pace: one void at a time; after a failure it waits
-// voidBackoffMin, doubling to voidBackoffMax, so that a key orphaned by a
-// stall is freed within about voidBackoffMax of the server answering again
-// (a void already in flight when it answers is quicker still).
+// The janitor's pace: one void at a time. After a failure without an
+// answer (the server unreachable or stalled: the next void would fail the
+// same way) it waits voidBackoffMin, doubling to voidBackoffMax, so that a
+// key orphaned by a stall is freed within about voidBackoffMax of the
+// server answering again (a void already in flight when it answers is
+// quicker still). After an error reply it goes on to the next entry at
+// once, and waits only once every entry pending has failed since the last
+// wait or success.
 const (
 	voidCallTimeout = time.Second
 	voidBackoffMin  = 5 * time.Millisecond
@@ -58,13 +63,18 @@ const (
 // janitor undoes acquires whose outcome is unknown: a script sent, then an
 // error or a deadline before its reply. The script may have run, or may
 // run later (queued on a stalled server, or retried by go-redis), and take
-// the key for its TTL with nobody holding the lease. For each such attempt
-// the janitor runs voidScript until the server answers, or the provider is
-// closed.
+// the key for its first expiry with nobody holding the lease. For each
+// such attempt the janitor runs voidScript until it succeeds, the entry
+// expires (see voidEntry), or the provider is closed.
+//
+// Fairness: the pending entries are a queue; a void that fails sends its
+// entry to the back, so an entry that keeps failing (a WRONGTYPE on its
+// key, say) never holds up the others, which are tried at once after it.
 //
 // Concurrency: mu guards pending, running and closed. One goroutine runs
 // while pending is not empty (started by add, it exits when pending is
 // empty), so an idle provider has none; close stops it and waits for it.
+// A voidEntry's fields are the goroutine's alone once it is queued.
 type janitor struct {
 	p    *Provider
 	stop context.Context // ends at close: cuts the call in flight short
@@ -72,9 +82,60 @@ type janitor struct {
 	wg   sync.WaitGroup
 
 	mu      sync.Mutex
-	pending []*attempt // oldest first
+	pending []*voidEntry // the next to try first
 	running bool
 	closed  bool
+}
+
+// voidEntry is one attempt to undo, and how long it is worth trying.
+//
+// Why an entry may be dropped, and when. The attempt's key, if one of its
+// acquire scripts took it, expires pxMS (its first expiry, min(window,
+// TTL)) after that script ran, on the server's clock: no lease was handed
+// out, so nothing renews it, and a later run of the same token finds the
+// key its own and returns without setting an expiry. So once the
+// scripts have all run, retrying the void for more than pxMS frees nothing
+// that the server would not free anyway. The janitor cannot see the
+// scripts run, but it sees the server answer:
+//
+//   - An error reply (a redis.Error: WRONGTYPE, NOPERM, OOM, LOADING,
+//     READONLY...) says the server is reading commands, so the acquire's
+//     copies, sent before the void, have run (a copy that the network holds
+//     longer is not stopped by the markers either: see minVoidLife). From
+//     the first such reply the entry is tried for pxMS more, then dropped.
+//     Not dropped at once, even on a reply that looks final: an error
+//     reply does not say the key is free. The acquire may have taken it
+//     before the error's cause arose (a failover's READONLY, an OOM, a
+//     LOADING after a restart that kept the key), and a Lua script that
+//     fails midway keeps its earlier writes, so an error from either script
+//     does not prove the other did nothing. Telling the errors that pass
+//     (LOADING, BUSY, TRYAGAIN, CLUSTERDOWN, MASTERDOWN, READONLY, OOM)
+//     from those that do not would be a list to keep in step with Redis,
+//     and a mistake in it would leave a key held by nobody. Retrying for
+//     pxMS needs no list: while a key this token may hold lives, a retry
+//     that gets through frees it; an error that never passes costs pxMS of
+//     retries, about one every voidBackoffMax. (Those cannot leave the key
+//     held anyway: WRONGTYPE comes from the void's GET, after its SET of
+//     the marker, so the lock key is not a string, let alone this token's;
+//     CROSSSLOT and NOPERM refuse the acquire's script before it runs as
+//     they refuse this one, barring an ACL changed in between.)
+//   - No answer (a network error, a timeout): the scripts may still be
+//     queued on a stalled server, which runs them when it resumes, and the
+//     void is what frees the key then. The entry is tried until the void
+//     marker's life (voidMS, at least pxMS) has passed since the attempt
+//     failed: the horizon past which the design gives up on late copies
+//     anyway (a copy that reaches the server after its marker is gone is
+//     not stopped: see minVoidLife), and which bounds the work of a
+//     janitor on a server that is gone for good. Voids sent during a stall
+//     and cut short are queued on the server too, and still run when it
+//     resumes. A key left by a dropped entry is held by nobody for at most
+//     pxMS after its script ran, as a holder that died would hold it.
+//
+// A dropped entry is logged with the provider's logger, if it has one.
+type voidEntry struct {
+	a        *attempt
+	deadline time.Time // dropped if a void fails at or after this
+	answered bool      // the server has replied with an error: deadline is pxMS after the first reply
 }
 
 func newJanitor(p *Provider) *janitor {
@@ -85,12 +146,13 @@ func newJanitor(p *Provider) *janitor {
 
 // add queues a to be voided.
 func (j *janitor) add(a *attempt) {
+	v := &voidEntry{a: a, deadline: time.Now().Add(time.Duration(j.p.voidMS) * time.Millisecond)}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed {
 		return // left to its TTL: see Provider.Close
 	}
-	j.pending = append(j.pending, a)
+	j.pending = append(j.pending, v)
 	if !j.running {
 		j.running = true
 		j.wg.Add(1)
@@ -103,6 +165,7 @@ func (j *janitor) run() {
 	backoff := voidBackoffMin
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	failed := 0 // voids failed since the last success or wait
 	for {
 		j.mu.Lock()
 		if len(j.pending) == 0 || j.closed {
@@ -110,21 +173,45 @@ func (j *janitor) run() {
 			j.mu.Unlock()
 			return
 		}
-		a := j.pending[0]
+		v := j.pending[0]
 		j.mu.Unlock()
 
+		a := v.a
 		ctx, cancel := context.WithTimeout(j.stop, voidCallTimeout)
 		err := voidScript.Run(ctx, j.p.client, []string{a.lockKey, a.voidKey}, a.token, a.channel, j.p.voidMS).Err()
 		cancel()
-		if err == nil {
-			j.mu.Lock()
-			if len(j.pending) > 0 && j.pending[0] == a { // a is still first unless close emptied the queue: add only appends
-				j.pending = slices.Delete(j.pending, 0, 1)
+		var reply redis.Error
+		answered := errors.As(err, &reply)
+		now := time.Now()
+		if answered && !v.answered {
+			v.answered, v.deadline = true, now.Add(time.Duration(a.pxMS)*time.Millisecond)
+		}
+		expired := !now.Before(v.deadline)
+
+		j.mu.Lock()
+		n := len(j.pending)
+		dropped := false
+		if n > 0 && j.pending[0] == v { // v is still first unless close emptied the queue: add only appends
+			j.pending = slices.Delete(j.pending, 0, 1)
+			if err != nil && !expired {
+				j.pending = append(j.pending, v) // to the back: it holds up no other
 			}
-			j.mu.Unlock()
-			backoff = voidBackoffMin
+			dropped = err != nil && expired
+		}
+		j.mu.Unlock()
+
+		if err == nil {
+			backoff, failed = voidBackoffMin, 0
 			continue
 		}
+		if dropped && j.p.logger != nil {
+			j.p.logger.Warn("redislock: gave up undoing an acquire whose outcome is unknown: if its script took the key, nobody holds it until its first expiry after the script ran",
+				"key", a.key, "firstExpiry", time.Duration(a.pxMS)*time.Millisecond, "serverAnswered", v.answered, "error", err)
+		}
+		if failed++; answered && failed < n {
+			continue // the server answers: the next entry may well succeed
+		}
+		failed = 0
 		timer.Reset(backoff)
 		select {
 		case <-timer.C:

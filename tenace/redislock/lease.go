@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"tenace.dev/tenace"
+	"tenace.dev/tenace/internal/keyfmt"
 )
 
 // releaseScript: KEYS[1] the lock, KEYS[2] the token's void marker (see
@@ -218,7 +219,7 @@ func (l *lease) renew() {
 			l.rearm(l.renewT, retry)
 		}
 	case n == 0:
-		l.loseLocked(fmt.Errorf("%w: redislock: a renewal found %q no longer held by this lease (it expired, was deleted, or was taken by another holder)", tenace.ErrLeaseLost, l.a.key))
+		l.loseLocked(fmt.Errorf("%w: redislock: a renewal found %s no longer held by this lease (it expired, was deleted, or was taken by another holder)", tenace.ErrLeaseLost, keyfmt.Quote(l.a.key)))
 	default:
 		if e := sent.Add(px); e.After(l.expiry) {
 			l.expiry, l.final = e, final
@@ -239,10 +240,10 @@ func (l *lease) expire() {
 		return
 	}
 	if l.final {
-		l.loseLocked(fmt.Errorf("%w (redislock: %q was held for its TTL, %v)", tenace.ErrLeaseExpired, l.a.key, l.a.ttl))
+		l.loseLocked(fmt.Errorf("%w (redislock: %s was held for its TTL, %v)", tenace.ErrLeaseExpired, keyfmt.Quote(l.a.key), l.a.ttl))
 		return
 	}
-	l.loseLocked(fmt.Errorf("%w: redislock: no renewal of %q reached the server before the expiry it was last given; the server may have freed the key", tenace.ErrLeaseLost, l.a.key))
+	l.loseLocked(fmt.Errorf("%w: redislock: no renewal of %s reached the server before the expiry it was last given; the server may have freed the key", tenace.ErrLeaseLost, keyfmt.Quote(l.a.key)))
 }
 
 // lose marks the lease lost with err if it is still held (for Close).
@@ -306,7 +307,7 @@ func (l *lease) Release(ctx context.Context) error {
 		select {
 		case <-inFlight:
 		case <-ctx.Done():
-			return fmt.Errorf("redislock: releasing %q: another Release of this lease is in progress, and ctx ended first; call Release again: %w", a.key, ctx.Err())
+			return fmt.Errorf("redislock: releasing %s: another Release of this lease is in progress, and ctx ended first; call Release again: %w", keyfmt.Quote(a.key), ctx.Err())
 		}
 		l.mu.Lock()
 	}
@@ -354,18 +355,18 @@ func (l *lease) Release(ctx context.Context) error {
 		if err != nil {
 			// The key may still be this grant's (after Close, say): the
 			// lease stays lost, so that Release can try again.
-			return fmt.Errorf("redislock: releasing %q: %w; deleting its key failed too, so it may stay held (for at most one window); call Release again: %w", a.key, l.Err(), err)
+			return fmt.Errorf("redislock: releasing %s: %w; deleting its key failed too, so it may stay held (for at most one window); call Release again: %w", keyfmt.Quote(a.key), l.Err(), err)
 		}
 		l.state = stateDone
-		return fmt.Errorf("redislock: releasing %q: %w", a.key, l.Err())
+		return fmt.Errorf("redislock: releasing %s: %w", keyfmt.Quote(a.key), l.Err())
 	}
 	if err != nil {
 		l.unsure = true
-		return fmt.Errorf("redislock: releasing %q failed, so the lock may still be held (for at most one window); call Release again: %w", a.key, err)
+		return fmt.Errorf("redislock: releasing %s failed, so the lock may still be held (for at most one window); call Release again: %w", keyfmt.Quote(a.key), err)
 	}
 	l.state = stateDone
 	if n == 0 && !l.unsure {
-		return fmt.Errorf("redislock: releasing %q: the lock was no longer this lease's (it expired, was deleted or taken over): %w", a.key, tenace.ErrLeaseLost)
+		return fmt.Errorf("redislock: releasing %s: the lock was no longer this lease's (it expired, was deleted or taken over): %w", keyfmt.Quote(a.key), tenace.ErrLeaseLost)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -141,7 +142,9 @@ func WithRetryInterval(d time.Duration) Option {
 }
 
 // WithLogger gives the provider a logger for what it cannot return as an
-// error: New logs a warning when CheckClient finds fault with the client.
+// error: New logs a warning when CheckClient finds fault with the client,
+// and the provider one when it gives up voiding an acquire whose outcome
+// was unknown (see the package doc), with the key and the last error.
 // Without it, the provider logs nothing.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(p *Provider) { p.logger = l })
@@ -151,9 +154,10 @@ func WithLogger(l *slog.Logger) Option {
 // client or a *redis.ClusterClient — the tests run all three against real
 // servers. Build the client with ContextTimeoutEnabled: true, or a stalled
 // server delays Acquire past its Timeout (see CheckClient; with WithLogger,
-// New warns about it). It panics if client is nil.
+// New warns about it). It panics if client is nil, or a nil pointer such as
+// (*redis.Client)(nil).
 func New(client redis.UniversalClient, opts ...Option) *Provider {
-	if client == nil {
+	if isNil(client) {
 		panic("tenace: redislock.New: nil client")
 	}
 	p := &Provider{
@@ -178,6 +182,22 @@ func New(client redis.UniversalClient, opts ...Option) *Provider {
 		}
 	}
 	return p
+}
+
+// isNil reports whether client is nil, or a nil pointer (or other nil
+// value) in the interface, such as a (*redis.Client)(nil): a client == nil
+// check misses those, and New would panic later with a bare nil
+// dereference.
+func isNil(client redis.UniversalClient) bool {
+	if client == nil {
+		return true
+	}
+	switch v := reflect.ValueOf(client); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return v.IsNil()
+	default:
+		return false
+	}
 }
 
 // CheckClient returns an error wrapping ErrContextTimeoutDisabled if
@@ -309,9 +329,32 @@ func (p *Provider) Stats() tenace.LockStats {
 var errClosed = fmt.Errorf("redislock: %w", tenace.ErrProviderClosed)
 
 // names returns the Redis names of key's lock, fencing counter and release
-// channel. The hash tag puts them in one cluster slot.
+// channel. Every name of a key (these, and the void markers voidKey derives
+// from the lock name) is the lock name and a suffix, so they share its hash
+// tag and land in one cluster slot, where the scripts need them.
+//
+// A key is normally named prefix + "{" + key + "}": the hash tag is key up
+// to its first "}". A key that starts with "}" would give "{}", an empty
+// tag, which Redis ignores: it would hash each whole name, and on a cluster
+// the lock and its counter would land in different slots (CROSSSLOT on
+// every call). Such keys get prefix + "}{=" + key + "}" instead, whose tag
+// is "=" (the key's leading "}" closes it): one slot for all of them.
+//
+// No two keys share a name. Each scheme alone is one fixed string, the key,
+// and "}" then a suffix; the suffixes (":fence", ":released", ":void:" and
+// a hex token) contain no "}", so the "}" that ends the key's part is the
+// last one in the name, and the key is recovered by cutting it there. Across
+// the schemes: the prefix has no braces (WithPrefix), so a name's prefix
+// ends at its first brace, and that brace is "{" in every ordinary name and
+// "}" in every name of a key starting with "}". The ordinary names are
+// those of earlier versions, so a process running one of them still
+// excludes this one on every key that does not start with "}".
 func (p *Provider) names(key string) (lock, fence, channel string) {
-	lock = p.prefix + "{" + key + "}"
+	if strings.HasPrefix(key, "}") {
+		lock = p.prefix + "}{=" + key + "}"
+	} else {
+		lock = p.prefix + "{" + key + "}"
+	}
 	return lock, lock + ":fence", lock + ":released"
 }
 

@@ -95,7 +95,12 @@ func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 // subscribed.
 func waitSubscribed(t *testing.T, c redis.UniversalClient, key string, n int64) {
 	t.Helper()
-	ch := "tenace:lock:{" + key + "}:released"
+	waitSubscribedTo(t, c, "tenace:lock:{"+key+"}:released", n)
+}
+
+// waitSubscribedTo is waitSubscribed by the channel's name.
+func waitSubscribedTo(t *testing.T, c redis.UniversalClient, ch string, n int64) {
+	t.Helper()
 	eventually(t, fmt.Sprintf("%d subscribers to %s", n, ch), func() bool {
 		m, err := c.PubSubNumSub(bg, ch).Result()
 		require.NoError(t, err)
