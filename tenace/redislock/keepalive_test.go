@@ -316,6 +316,8 @@ func TestCloseLosesHeldLeases(t *testing.T) {
 	require.Zero(t, c.Exists(bg, "tenace:lock:{closed}").Val(), "Release deleted the key")
 	_, err := p.Acquire(bg, "closed", tenace.LockAcquireOptions{})
 	require.ErrorIs(t, err, tenace.ErrProviderClosed)
+	require.ErrorContains(t, err, "(redislock.Provider.Close was called)")
+	require.NotContains(t, err.Error(), "redislock: tenace:", "one prefix")
 	require.NoError(t, p.Close(), "idempotent")
 }
 

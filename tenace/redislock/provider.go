@@ -326,7 +326,7 @@ func (p *Provider) Stats() tenace.LockStats {
 }
 
 // errClosed is what Acquire returns on a closed provider.
-var errClosed = fmt.Errorf("redislock: %w", tenace.ErrProviderClosed)
+var errClosed = fmt.Errorf("%w (redislock.Provider.Close was called)", tenace.ErrProviderClosed)
 
 // names returns the Redis names of key's lock, fencing counter and release
 // channel. Every name of a key (these, and the void markers voidKey derives
