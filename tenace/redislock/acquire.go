@@ -97,18 +97,19 @@ func validate(key string, opts tenace.LockAcquireOptions) error {
 }
 
 // Acquire waits for key and returns its lease: a lease when granted; (nil,
-// nil) when the server answered that another call holds key and
-// opts.Timeout passed while waiting for its release (with NoWait, at once
-// on that answer); (nil, ctx's error) when ctx ends first, also when it
-// ends during a Redis call; (nil, err) when Redis fails, at once.
+// nil) when not granted within opts.Timeout — the server answered that
+// another call holds key and the wait for its release ran out (with
+// NoWait, at once on that answer); (nil, ctx's error) when ctx ends first,
+// also when it ends during a Redis call; (nil, err) when Redis fails, at
+// once.
 //
 // A Timeout that passes on a try the server has left unanswered for 250ms
 // or more (a stalled server, or one that refuses connections while
 // go-redis retries the dial) is not "held by another": Acquire returns an
-// error that names key and the Timeout and wraps the cause (`redislock:
-// acquiring "k": no answer from Redis within the 300ms Timeout: ...`),
-// which a Lock reports as a provider failure (lock.failed), not as
-// contention. A try cut short sooner is taken for part of the wait, (nil,
+// error wrapping ErrNoReply that names key and the Timeout (`redislock:
+// acquiring "k": no reply from Redis within the 700ms Timeout (context
+// deadline exceeded)`), which a Lock reports as a provider failure
+// (lock.failed), not as contention. A try cut short sooner is taken for part of the wait, (nil,
 // nil): a healthy server answers in well under a millisecond, but a loaded
 // machine can hold a goroutine back for tens of milliseconds, and a
 // Timeout shorter than a round trip cannot tell a slow answer from none.
@@ -195,12 +196,25 @@ type waitCtx struct {
 	timeout           time.Duration
 }
 
+// unanswered is how long a try sent at sent went without a reply before it
+// was cut short: until the calls' deadline if it has passed (on the system
+// clock, the Timeout's own), not until now, so that a goroutine or timer
+// held back on a loaded machine does not count as the server's silence;
+// else (a Timeout on another clock) until now.
+func (w waitCtx) unanswered(sent time.Time) time.Duration {
+	now := time.Now()
+	if d, ok := w.call.Deadline(); ok && d.Before(now) {
+		return d.Sub(sent)
+	}
+	return now.Sub(sent)
+}
+
 // acquire: see waitCtx.
 func (p *Provider) acquire(w waitCtx, a *attempt, noWait bool) (*lease, error) {
 	sent := time.Now()
 	l, holderTTL, err := a.try(w.call)
 	if err != nil {
-		return nil, a.failed(w, err, time.Since(sent) < answerGrace)
+		return nil, a.failed(w, err, w.unanswered(sent) < answerGrace)
 	}
 	if l != nil || noWait {
 		return l, nil
@@ -241,7 +255,7 @@ func (p *Provider) acquire(w waitCtx, a *attempt, noWait bool) (*lease, error) {
 		}
 		sent = time.Now()
 		if l, holderTTL, err = a.try(w.call); err != nil {
-			return nil, a.failed(w, err, time.Since(sent) < answerGrace)
+			return nil, a.failed(w, err, w.unanswered(sent) < answerGrace)
 		}
 		if l != nil {
 			acquired = true
@@ -331,7 +345,10 @@ func (a *attempt) failed(w waitCtx, err error, graced bool) error {
 	case graced:
 		timedOut = nil // part of the wait: not granted in time
 	default:
-		timedOut = fmt.Errorf("redislock: acquiring %s: no answer from Redis within the %v Timeout: %w", keyfmt.Quote(a.key), w.timeout, err)
+		// err is most often the Timeout's own context.DeadlineExceeded:
+		// quoted, not wrapped, so that errors.Is(err,
+		// context.DeadlineExceeded) stays the caller's ctx's (SPEC).
+		timedOut = fmt.Errorf("redislock: acquiring %s: %w within the %v Timeout (%v)", keyfmt.Quote(a.key), ErrNoReply, w.timeout, err)
 	}
 	return a.outcome(w, failure, timedOut)
 }

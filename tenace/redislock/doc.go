@@ -128,20 +128,22 @@
 //   - No lock held by nobody: when Acquire returns no lease (an error, ctx's
 //     end, the Timeout), the key is not held by this call once the server
 //     has answered the void (above) — within about 100ms of the server
-//     answering again after a stall, whatever other voids keep failing.
+//     answering again after a stall, once the voids queued ahead of it have
+//     run (one that keeps failing is sent to the back; on a Cluster, one
+//     whose node is stalled costs its call's second).
 //     Before that, if the provider is closed first, and if the void is
 //     given up (a stall longer than the void marker's life, a void the
 //     server keeps refusing), such a key can stay held for its first
 //     window (or its TTL, if shorter).
-//   - A Timeout means contention, an error means the server: when the
-//     Timeout passes on a try the server has left unanswered for 250ms or
-//     more, Acquire returns an error that says so, naming the key and the
-//     Timeout and wrapping the cause, which a Lock reports as a failure
-//     (lock.failed), not as contention (lock.rejected). Otherwise a Timeout
-//     that passes is (nil, nil): the server answered that the key is held
-//     and the wait for its release ran out, or the try in flight was cut
-//     short too soon to call the server unresponsive (a Timeout under
-//     250ms cannot tell a slow answer from none).
+//   - A server that does not answer is not a held key: when the Timeout
+//     passes on a try the server has left unanswered for 250ms or more,
+//     Acquire returns an error wrapping ErrNoReply, naming the key and the
+//     Timeout, which a Lock reports as a failure (lock.failed), not as
+//     contention (lock.rejected). Otherwise a Timeout that passes is (nil,
+//     nil): the server answered that the key is held and the wait for its
+//     release ran out, or the try in flight was cut short too soon to call
+//     the server unresponsive (a Timeout under 250ms cannot tell a slow
+//     answer from none, and reports (nil, nil) on a stalled server too).
 //   - Timeout and ctx bound Acquire, Redis calls included, on a client with
 //     ContextTimeoutEnabled, also while the shared Pub/Sub connection is
 //     being opened, or re-opened after it broke: a waiter waits for its

@@ -46,14 +46,14 @@ return 0
 // void, for that long.
 const minVoidLife = 15 * time.Second
 
-// The janitor's pace: one void at a time. After a failure without an
-// answer (the server unreachable or stalled: the next void would fail the
-// same way) it waits voidBackoffMin, doubling to voidBackoffMax, so that a
-// key orphaned by a stall is freed within about voidBackoffMax of the
-// server answering again (a void already in flight when it answers is
-// quicker still). After an error reply it goes on to the next entry at
-// once, and waits only once every entry pending has failed since the last
-// wait or success.
+// The janitor's pace: one void at a time. After a failure it goes on to
+// the next entry at once (its key may be on another node of a Cluster or a
+// Ring, or the server answered with an error about this key alone), and
+// waits only once every entry pending has failed since the last wait or
+// success: voidBackoffMin, doubling to voidBackoffMax, so that a key
+// orphaned by a stall is freed within about voidBackoffMax of the server
+// answering again, once the voids ahead of it have run (a void already in
+// flight when it answers is quicker still).
 const (
 	voidCallTimeout = time.Second
 	voidBackoffMin  = 5 * time.Millisecond
@@ -208,8 +208,10 @@ func (j *janitor) run() {
 			j.p.logger.Warn("redislock: gave up undoing an acquire whose outcome is unknown: if its script took the key, nobody holds it until its first expiry after the script ran",
 				"key", a.key, "firstExpiry", time.Duration(a.pxMS)*time.Millisecond, "serverAnswered", v.answered, "error", err)
 		}
-		if failed++; answered && failed < n {
-			continue // the server answers: the next entry may well succeed
+		if failed++; failed < n {
+			// The next entry may well succeed: the server answers, or
+			// (on a Cluster or a Ring) its key lives on another node.
+			continue
 		}
 		failed = 0
 		timer.Reset(backoff)

@@ -325,6 +325,15 @@ func (p *Provider) Stats() tenace.LockStats {
 	}
 }
 
+// ErrNoReply is wrapped by the error Acquire returns when its Timeout
+// passed on a try the server had left unanswered for 250ms or more: a
+// stalled or unreachable server, not a held key (which is (nil, nil)). A
+// Lock reports it as a provider failure (*tenace.UnexpectedError, event
+// lock.failed). The cause is in the message, not wrapped: it is most often
+// the Timeout's own context.DeadlineExceeded, which errors.Is keeps for the
+// caller's ctx.
+var ErrNoReply = errors.New("no reply from Redis")
+
 // errClosed is what Acquire returns on a closed provider.
 var errClosed = fmt.Errorf("%w (redislock.Provider.Close was called)", tenace.ErrProviderClosed)
 

@@ -237,7 +237,9 @@ func TestATimeoutWithoutAnAnswerIsAFailureNotContention(t *testing.T) {
 			l, err := p.Acquire(bg, "k", tenace.LockAcquireOptions{Timeout: timeout})
 			took := time.Since(start)
 			require.Nil(t, l)
-			require.ErrorContains(t, err, `redislock: acquiring "k": no answer from Redis within the 700ms Timeout: `)
+			require.ErrorIs(t, err, redislock.ErrNoReply)
+			require.ErrorContains(t, err, `redislock: acquiring "k": no reply from Redis within the 700ms Timeout (`)
+			require.False(t, errors.Is(err, context.DeadlineExceeded), "DeadlineExceeded is the caller's ctx's, which did not end: %v", err)
 			require.Less(t, took, timeout+250*time.Millisecond, "bounded by the Timeout")
 
 			var events []string
@@ -247,6 +249,8 @@ func TestATimeoutWithoutAnAnswerIsAFailureNotContention(t *testing.T) {
 			err = pol.Execute(bg, func(context.Context) error { return nil })
 			var ue *tenace.UnexpectedError
 			require.ErrorAs(t, err, &ue, "a provider failure")
+			require.ErrorIs(t, err, redislock.ErrNoReply)
+			require.False(t, errors.Is(err, context.DeadlineExceeded), "not the caller's deadline: %v", err)
 			var nae *tenace.LockNotAcquiredError
 			require.False(t, errors.As(err, &nae), "not contention: %v", err)
 			mu.Lock()
@@ -279,7 +283,8 @@ func TestARetryLeftUnansweredUntilTheTimeoutIsAFailure(t *testing.T) {
 	got := <-r
 	srv.Resume()
 	require.Nil(t, got.lease)
-	require.ErrorContains(t, got.err, `no answer from Redis within the 1.5s Timeout`)
+	require.ErrorIs(t, got.err, redislock.ErrNoReply)
+	require.ErrorContains(t, got.err, `no reply from Redis within the 1.5s Timeout`)
 	require.NoError(t, held.Release(bg))
 }
 
@@ -323,7 +328,7 @@ func TestATimeoutDuringARetry(t *testing.T) {
 		want       string        // the error; "" for (nil, nil)
 	}{
 		{"sent moments before", 0, ""},
-		{"unanswered for 400ms", 400 * time.Millisecond, "no answer from Redis within the 1h0m0s Timeout"},
+		{"unanswered for 400ms", 400 * time.Millisecond, "no reply from Redis within the 1h0m0s Timeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, c := setup(t)
