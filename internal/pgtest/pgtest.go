@@ -261,6 +261,14 @@ func (s *Server) halt(sig syscall.Signal) {
 	s.stopped = true
 }
 
+// Pause stops the postmaster (SIGSTOP) until Resume: running backends go
+// on, but a new connection hangs in its startup, unanswered, as on a
+// stalled or overloaded server.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume continues the postmaster after Pause (SIGCONT).
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
 // Stop shuts the server down cleanly (fast shutdown: every session is
 // terminated, the server checkpoints and exits) and waits for it to exit.
 // It is idempotent; Restart starts it again.

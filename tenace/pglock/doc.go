@@ -85,11 +85,21 @@
 // which WithMaxConns bounds (DefaultMaxConns). When all are in use, Acquire
 // waits for one within its Timeout and ctx — or, with NoWait, returns
 // ErrPoolExhausted at once. A Timeout that passes while it waits for a
-// connection returns an error wrapping ErrPoolExhausted, not "not granted":
-// the key was never asked for, and a Lock step reports lock.failed, not
+// connection returns an error wrapping ErrPoolExhausted, not "not granted",
+// unless another caller of the process holds or waits for the same key: the
+// key was never asked for, and a Lock step reports lock.failed, not
 // lock.rejected. Nested locks need one connection per level: a pool full of
-// holders that each wait for a second key waits until their Timeout. A cancelled wait costs a connection: its connection is closed
+// holders that each wait for a second key ends in that error at their
+// Timeout. A cancelled wait costs a connection: its connection is closed
 // rather than reused (see below), and the pool dials a new one.
+//
+// A server that does not answer is not a held key either: a Timeout that
+// passes while a connection has been dialling for 250ms or more (a stalled
+// or overloaded server, a network that drops packets) returns an error
+// that says so. A Timeout that passes while the lock statement runs is
+// (nil, nil): from the client, a server waiting for the key's holder and a
+// stalled one look the same (the stall tests bound how long either holds
+// the call).
 //
 // Session locks need a session that stays one: a pooler in transaction or
 // statement mode (PgBouncer's default) would break them silently, so New

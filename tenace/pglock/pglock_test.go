@@ -223,7 +223,7 @@ func TestPoolExhausted(t *testing.T) {
 	l, err := p.Acquire(bg, keyOf(t, "c"), tenace.LockAcquireOptions{Timeout: 50 * time.Millisecond})
 	require.Nil(t, l)
 	require.ErrorIs(t, err, pglock.ErrPoolExhausted)
-	require.ErrorContains(t, err, "within its 50ms Timeout (WithMaxConns 2)")
+	require.ErrorContains(t, err, "(no connection freed for \""+keyOf(t, "c")+"\" within its 50ms Timeout; WithMaxConns 2)")
 	var rejected *tenace.LockNotAcquiredError
 	err = tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: keyOf(t, "c"), Timeout: 50 * time.Millisecond}).Execute(bg, func(context.Context) error { return nil })
 	require.False(t, errors.As(err, &rejected), "a full pool is not a held key: %v", err)

@@ -30,10 +30,12 @@ const (
 // ErrPoolExhausted is what Acquire returns, or wraps, when every connection
 // the provider may open is pinned by a held lock or a waiting caller: at
 // once with NoWait; with a Timeout, once the Timeout passed while it waited
-// for a connection (it never asked the server for the key, which may be
-// free, so this is not "not granted in time"). A ctx that ends while it
+// for a connection and nobody else in the process holds or waits for the
+// key (it never asked the server for the key, which may be free, so this is
+// not "not granted in time"; when others do hold or wait for it, the wait
+// was the key's, and the answer is (nil, nil)). A ctx that ends while it
 // waits gives ctx's error, as always.
-var ErrPoolExhausted = errors.New("pglock: every connection of the provider is pinned by a held lock or a waiting caller; raise WithMaxConns, or wait longer")
+var ErrPoolExhausted = errors.New("pglock: every connection of the provider is pinned by a held lock or a waiting caller; raise WithMaxConns, or give the call a Timeout (a longer one) to wait for a connection")
 
 // ErrPooler is returned by New when the connection goes through a pooler
 // (PgBouncer, pgcat, Supavisor...): a session advisory lock must stay with
@@ -386,8 +388,11 @@ func (p *Provider) prepareSQL() {
 // ctx's error) when ctx ends first; (nil, err) when PostgreSQL fails, the
 // provider is closed (an error wrapping tenace.ErrProviderClosed) or no
 // connection is free: at once with NoWait, or once the Timeout passed while
-// it waited for one (ErrPoolExhausted, or an error wrapping it: the key was
-// not asked for, so this is not "not granted"). Invalid input (an empty
+// it waited for one and nobody else in the process holds or waits for key
+// (ErrPoolExhausted, or an error wrapping it: the key was not asked for, so
+// this is not "not granted"); also when the Timeout passes while a
+// connection has been dialling for 250ms or more (the server does not
+// answer). Invalid input (an empty
 // key, a negative Timeout other than NoWait, a negative TTL) returns an
 // error wrapping tenace.ErrMissingKey or tenace.ErrInvalidOption.
 //
@@ -434,9 +439,10 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 		select {
 		case p.slots <- struct{}{}:
 		case <-wctx.Done():
-			if tenace.TimedOut(ctx, wctx) {
-				// Not the key's contention: the server was never asked.
-				return nil, fmt.Errorf("pglock: no connection free for %s within its %v Timeout (WithMaxConns %d): %w", keyfmt.Quote(key), opts.Timeout, p.maxConns, ErrPoolExhausted)
+			if tenace.TimedOut(ctx, wctx) && !p.keyBusy(key) {
+				// Not the key's contention: nobody in this process holds
+				// or waits for it, and the server was never asked.
+				return nil, fmt.Errorf("%w (no connection freed for %s within its %v Timeout; WithMaxConns %d)", ErrPoolExhausted, keyfmt.Quote(key), opts.Timeout, p.maxConns)
 			}
 			return p.waitEnded(ctx, wctx)
 		}
@@ -450,8 +456,12 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 		}
 	}()
 
+	dialing := time.Now()
 	conn, err := p.pool.Acquire(wctx)
 	if err != nil {
+		if tenace.TimedOut(ctx, wctx) && p.closed.Err() == nil && silentFor(wctx, dialing) >= connectGrace {
+			return nil, p.noConnection(key, opts, err)
+		}
 		return p.failed(ctx, wctx, fmt.Errorf("pglock: connecting to PostgreSQL: %w", err))
 	}
 	var l tenace.LockLease
@@ -493,7 +503,11 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 			// once more on a live one. Its session is gone, and with it
 			// anything it held.
 			reconnected = true
+			dialing := time.Now()
 			if conn, err = p.reconnect(wctx); err != nil {
+				if tenace.TimedOut(ctx, wctx) && p.closed.Err() == nil && silentFor(wctx, dialing) >= connectGrace {
+					return nil, false, p.noConnection(key, opts, err)
+				}
 				l, err := p.failed(ctx, wctx, fmt.Errorf("pglock: acquiring %s: its connection ended, and reconnecting failed: %w", keyfmt.Quote(key), err))
 				return l, false, err
 			}
@@ -629,6 +643,54 @@ func (p *Provider) failed(ctx, wctx context.Context, err error) (tenace.LockLeas
 		return p.waitEnded(ctx, wctx)
 	}
 	return nil, err
+}
+
+// connectGrace is how long a connection may go unmade when the Timeout
+// ends its dial and still count as part of the wait, (nil, nil): a dial on
+// a healthy server takes milliseconds, and a loaded machine can hold a
+// goroutine back for about 100ms. A dial the server has left unanswered
+// this long (a stalled or overloaded server, a network that drops the
+// packets) is an outage, reported as an error (see noConnection).
+const connectGrace = 250 * time.Millisecond
+
+// silentFor is how long something started at since went unanswered before
+// wctx ended: until its deadline if that has passed (on the system clock,
+// the Timeout's own), not until now, so that a goroutine held back on a
+// loaded machine does not count as the server's silence; else until now.
+func silentFor(wctx context.Context, since time.Time) time.Duration {
+	now := time.Now()
+	if d, ok := wctx.Deadline(); ok && d.Before(now) {
+		return d.Sub(since)
+	}
+	return now.Sub(since)
+}
+
+// noConnection is the error of a call whose Timeout passed while it was
+// still connecting: the server was never asked for key, so this is not
+// "not granted in time" (which a Lock reports as contention) but a
+// failure. The cause is quoted, not wrapped: it is most often the
+// Timeout's own context.DeadlineExceeded, which errors.Is keeps for the
+// caller's ctx.
+func (p *Provider) noConnection(key string, opts tenace.LockAcquireOptions, err error) error {
+	return fmt.Errorf("pglock: no connection to PostgreSQL for %s within its %v Timeout (%v)", keyfmt.Quote(key), opts.Timeout, err)
+}
+
+// keyBusy reports whether another caller of this process holds key or
+// waits for it (the caller asking counts itself in the queue): then a
+// Timeout that passed while waiting for a connection is the key's
+// contention, (nil, nil), whatever the pool.
+func (p *Provider) keyBusy(key string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.queues.perKey[key] > 1 {
+		return true
+	}
+	for l := range p.leases {
+		if l.key == key {
+			return true
+		}
+	}
+	return false
 }
 
 // waitEnded says why a wait ended without a grant: ctx's error when the

@@ -1,0 +1,77 @@
+package pglock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"tenace.dev/tenace"
+	"tenace.dev/tenace/pglock"
+)
+
+// A full pool is the key's contention when others of the process hold or
+// wait for the same key: a Timeout that passes while waiting for a
+// connection is then (nil, nil), a LockNotAcquiredError through a Lock, as
+// it was before a full pool became an error for a key nobody else wants
+// (TestPoolExhausted).
+func TestAFullPoolOfCallersForTheSameKeyIsContention(t *testing.T) {
+	srv := server(t)
+	p := newProvider(t, srv, pglock.WithMaxConns(2))
+	key := keyOf(t, "k")
+	held := mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	ctx, cancel := context.WithCancel(bg)
+	waiting := acquireAsync(ctx, p, key, tenace.LockAcquireOptions{})
+	waitForWaiters(t, srv, key, 1) // both connections pinned, by this key
+	l, err := p.Acquire(bg, key, tenace.LockAcquireOptions{Timeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	require.Nil(t, l)
+	var rejected *tenace.LockNotAcquiredError
+	err = tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: key, Timeout: 50 * time.Millisecond}).Execute(bg, func(context.Context) error { return nil })
+	require.ErrorAs(t, err, &rejected)
+	cancel()
+	require.ErrorIs(t, (<-waiting).err, context.Canceled)
+	require.NoError(t, held.Release(bg))
+}
+
+// A Timeout that passes while a new connection goes unanswered (the
+// postmaster stalled: the kernel accepts the connection, nobody answers its
+// startup) is a failure that says so, not "not granted": through a Lock,
+// lock.failed and an UnexpectedError, not contention. Before, (nil, nil).
+func TestATimeoutWhileConnectingToAStalledServerIsAFailure(t *testing.T) {
+	srv := server(t)
+	p := newProvider(t, srv)
+	// The pool's one idle connection, from New's check, is pinned here:
+	// the next Acquire has to dial.
+	held := mustAcquire(t, p, keyOf(t, "a"), tenace.LockAcquireOptions{})
+	srv.Pause()
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			srv.Resume()
+		}
+	})
+	// Well above the 250ms a dial must go unanswered, so that one started
+	// late on a loaded machine still has.
+	const timeout = 700 * time.Millisecond
+	l, err := p.Acquire(bg, keyOf(t, "b"), tenace.LockAcquireOptions{Timeout: timeout})
+	require.Nil(t, l, "granted on a connection that was not dialled: the test needs the pool to dial")
+	require.ErrorContains(t, err, `pglock: no connection to PostgreSQL for "`+keyOf(t, "b")+`" within its 700ms Timeout (`)
+	require.False(t, errors.Is(err, context.DeadlineExceeded), "DeadlineExceeded is the caller's ctx's, which did not end: %v", err)
+
+	var events []string
+	err = tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: keyOf(t, "b"), Timeout: timeout}).
+		OnEvent(func(e tenace.Event) { events = append(events, e.Name) }).
+		Execute(bg, func(context.Context) error { return nil })
+	var ue *tenace.UnexpectedError
+	require.ErrorAs(t, err, &ue, "a provider failure, not contention")
+	require.Equal(t, []string{"lock.acquiring", "lock.failed"}, events)
+
+	srv.Resume()
+	resumed = true
+	require.NoError(t, held.Release(bg))
+	mustRelease := mustAcquire(t, p, keyOf(t, "b"), tenace.LockAcquireOptions{Timeout: 10 * time.Second})
+	require.NoError(t, mustRelease.Release(bg), "and the provider works once the server answers")
+}
