@@ -23,7 +23,9 @@ var ErrProviderClosed = errors.New("tenace: the lock provider is closed: Close w
 
 // ErrInvalidOption is wrapped by the errors that report an option out of its
 // range (LockOptions.Timeout below zero other than NoWait, a negative TTL, a
-// WithTimeout duration that is not positive); the message names the option.
+// WithTimeout duration that is not positive, or a bound of the provider's
+// own, such as redislock's TTL of at least 1ms); the message names the
+// option.
 // It comes from the step with the option, when the call reaches it: fn does
 // not run, nor do the steps inside that one, but steps outside it have run
 // (a Lock around a WithTimeout(0) has acquired and released its lock).
@@ -45,7 +47,8 @@ var ErrLeaseExpired = fmt.Errorf("%w: it reached its TTL, the longest time the l
 
 // ErrAcquireTimeout is the cause (context.Cause) of a context from
 // AcquireContext whose Timeout passed. Providers turn it into "not granted
-// in time", (nil, nil); callers of Acquire never see it.
+// in time", (nil, nil), or into an error of their own when the server never
+// answered (see AcquireContext); callers of Acquire never see it.
 var ErrAcquireTimeout = errors.New("tenace: the lock was not granted within LockAcquireOptions.Timeout")
 
 // errDefaultClose is returned by Close on the default provider.

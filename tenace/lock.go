@@ -55,7 +55,8 @@ type LockOptions struct {
 //     EventLockCancelled.
 //   - the provider failed: *UnexpectedError wrapping its error;
 //     EventLockFailed. If its Acquire panics, the panic goes on up, after
-//     EventLockFailed.
+//     EventLockFailed. An option the provider refuses (an error wrapping
+//     ErrInvalidOption) is returned as it is, after EventLockFailed.
 //
 // The events carry the wait, the hold, the fencing token and the error (see
 // the Event... names); they are timed on the policy's clock, which is read

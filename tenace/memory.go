@@ -284,6 +284,9 @@ func (p *MemoryLockProvider) Size() int {
 // mustBeMade panics, naming method, if p is the zero MemoryLockProvider
 // (declared, not made by NewMemoryLockProvider): it has no shards.
 func (p *MemoryLockProvider) mustBeMade(method string) {
+	if p == nil {
+		panic("tenace: MemoryLockProvider." + method + " on a nil *MemoryLockProvider: make one with NewMemoryLockProvider, or use DefaultLockProvider()")
+	}
 	if p.group == nil {
 		panic("tenace: MemoryLockProvider." + method + " on a MemoryLockProvider that NewMemoryLockProvider did not make (its zero value has no shards): use NewMemoryLockProvider, or DefaultLockProvider()")
 	}
@@ -314,10 +317,10 @@ func (p *MemoryLockProvider) Stats() LockStats {
 // called while another is still stopping the shards. It is idempotent. On
 // DefaultLockProvider() it returns an error and changes nothing.
 func (p *MemoryLockProvider) Close() error {
+	p.mustBeMade("Close")
 	if p.isDefault {
 		return errDefaultClose
 	}
-	p.mustBeMade("Close")
 	p.closed.Store(true)
 	p.group.Stop() // every call waits for the shards to exit, not only the first
 	return nil

@@ -529,6 +529,9 @@ func TestMisusePanicsWithTenacePrefix(t *testing.T) {
 		"zero memory provider, Stats": func() { _ = new(tenace.MemoryLockProvider).Stats() },
 		"zero memory provider, Size":  func() { _ = new(tenace.MemoryLockProvider).Size() },
 		"zero memory provider, Close": func() { _ = new(tenace.MemoryLockProvider).Close() },
+		"nil memory provider, Stats":  func() { _ = (*tenace.MemoryLockProvider)(nil).Stats() },
+		"nil memory provider, Size":   func() { _ = (*tenace.MemoryLockProvider)(nil).Size() },
+		"nil memory provider, Close":  func() { _ = (*tenace.MemoryLockProvider)(nil).Close() },
 	} {
 		t.Run(name, func(t *testing.T) {
 			defer func() {
@@ -931,8 +934,10 @@ func TestErrorMessagesSayWhatHappenedAndWhatToDo(t *testing.T) {
 }
 
 // A key can come from a request (WithKey("customer:"+id)): a 10 MiB one made
-// a 10 MiB error message, and LogEvents logged it in every rejected event's
-// err. The messages quote 256 bytes of it; the errors' Key fields keep it.
+// a 10 MiB error message, which LogEvents logged in every rejected event's
+// err. The messages quote 256 bytes of it; the errors' Key fields keep it
+// (and so does LogEvents' key attribute, which its doc says to rewrite in
+// the handler).
 func TestErrorMessagesCutALongKey(t *testing.T) {
 	long := strings.Repeat("k", 10<<20)
 	want := `"` + strings.Repeat("k", 256) + `"… (10485760 bytes)`

@@ -90,7 +90,10 @@ func validateAcquire(key string, opts LockAcquireOptions) error { return Validat
 // opts.Clock (nil: the system clock), whichever comes first. When the
 // timeout ended it, context.Cause(actx) is ErrAcquireTimeout while ctx itself
 // has not ended: the provider then returns (nil, nil), "not granted in
-// time". Bounding every server call of the acquire with actx makes the
+// time" — unless its server was never asked or never answered (a full
+// connection pool, a stalled server: redislock and pglock return an error
+// then, so that an outage is not reported as contention). Bounding every
+// server call of the acquire with actx makes the
 // Timeout bound the whole wait, server calls included. With a Timeout of 0
 // or NoWait, actx only follows ctx. The caller must call cancel once the
 // acquire is over, to release the timer.
@@ -108,7 +111,8 @@ func AcquireContext(ctx context.Context, opts LockAcquireOptions) (actx context.
 
 // TimedOut reports whether actx, from AcquireContext(ctx, ...), ended
 // because its Timeout passed while ctx itself still runs: the case in which
-// a provider reports "not granted in time" with (nil, nil).
+// a provider reports "not granted in time" with (nil, nil), when its server
+// answered that the key is held (see AcquireContext).
 func TimedOut(ctx, actx context.Context) bool {
 	return ctx.Err() == nil && context.Cause(actx) == ErrAcquireTimeout
 }
