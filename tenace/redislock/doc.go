@@ -78,9 +78,10 @@
 // up to its first "}" — and the scripts work on a Redis Cluster. The prefix
 // must not contain braces. A key that starts with "}" would make that tag
 // empty, which Redis ignores (the names would hash to different slots), so
-// such a key is named prefix + "}{=" + key + "}" instead, and the same
-// suffixes: its tag is "=", one slot for all such keys. No two keys share
-// a name: every other name has "{" where these have "}". (Versions before
+// such a key is named prefix + "}{" + h + "}" + key + "}" instead, and the
+// same suffixes, where h is the key's 64-bit FNV-1a hash in 16 hex digits:
+// its tag is h. No two keys share a name: every other name has "{" where
+// these have "}". (Versions before
 // this scheme named a key starting with "}" prefix + "{" + key + "}": a
 // process running one of them and one running this version do not exclude
 // each other on such keys; on every other key they do.)

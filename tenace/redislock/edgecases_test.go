@@ -30,10 +30,9 @@ import (
 // waiter on its release and is released, on a Redis Cluster (where its
 // names used to land in different slots: CROSSSLOT on every call, and a
 // void retried until Close) and on a standalone server; its names are
-// prefix + "}{=" + key + "}" and the rest, and no other key shares its
-// lock: not "=}x" (whose ordinary name is what prefix + "{=" + key + "}"
-// would give), "\}x" (an escape), "x" (the key without its brace), "}}x"
-// or "}". Ordinary keys keep their names.
+// prefix + "}{" + its hash + "}" + key + "}" and the rest, and no other key
+// shares its lock: not "=}x", "\}x" (an escape), "x" (the key without its
+// brace), "}}x" or "}". Ordinary keys keep their names.
 func TestKeysStartingWithABrace(t *testing.T) {
 	cluster := redistest.StartCluster(t)
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{cluster.Addr}, ContextTimeoutEnabled: true})
@@ -56,14 +55,22 @@ func TestKeysStartingWithABrace(t *testing.T) {
 				require.NoError(t, err, k)
 				require.Nil(t, l, "%q is held: a second caller is excluded", k)
 			}
-			names := map[string]string{"}x": "tenace:lock:}{=}x}", "}}x": "tenace:lock:}{=}}x}", "}": "tenace:lock:}{=}}", "x": "tenace:lock:{x}", "=}x": "tenace:lock:{=}x}"}
+			// The hex is each key's FNV-1a 64-bit hash: pinned here, since a
+			// change of scheme would let two versions lock one key apart.
+			names := map[string]string{
+				"}x":  "tenace:lock:}{08e04207b57f61d0}}x}",
+				"}}x": "tenace:lock:}{9482e91967817b75}}}x}",
+				"}":   "tenace:lock:}{af63f04c86020e88}}}",
+				"x":   "tenace:lock:{x}",
+				"=}x": "tenace:lock:{=}x}",
+			}
 			for k, name := range names {
 				require.Equal(t, int64(2), c.Exists(bg, name, name+":fence").Val(), "%q is named %s", k, name)
 			}
 
 			// A waiter of "}x" hears its release on "}x"'s channel.
 			r := acquireAsync(bg, p, "}x", tenace.LockAcquireOptions{})
-			waitSubscribedTo(t, c, "tenace:lock:}{=}x}:released", 1)
+			waitSubscribedTo(t, c, "tenace:lock:}{08e04207b57f61d0}}x}:released", 1)
 			require.NoError(t, leases["}x"].Release(bg))
 			got := <-r
 			require.NoError(t, got.err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"reflect"
 	"strings"
@@ -346,13 +347,15 @@ var errClosed = fmt.Errorf("%w (redislock.Provider.Close was called)", tenace.Er
 // to its first "}". A key that starts with "}" would give "{}", an empty
 // tag, which Redis ignores: it would hash each whole name, and on a cluster
 // the lock and its counter would land in different slots (CROSSSLOT on
-// every call). Such keys get prefix + "}{=" + key + "}" instead, whose tag
-// is "=" (the key's leading "}" closes it): one slot for all of them.
+// every call). Such keys get prefix + "}{" + h + "}" + key + "}" instead,
+// where h is the key's 64-bit FNV-1a hash in 16 hex digits: the tag is h,
+// so such keys spread over the slots as others do.
 //
-// No two keys share a name. Each scheme alone is one fixed string, the key,
-// and "}" then a suffix; the suffixes (":fence", ":released", ":void:" and
-// a hex token) contain no "}", so the "}" that ends the key's part is the
-// last one in the name, and the key is recovered by cutting it there. Across
+// No two keys share a name. Each scheme alone is a fixed string (in the
+// second, "}{", 16 hex digits and "}": fixed in length), the key, and "}"
+// then a suffix; the suffixes (":fence", ":released", ":void:" and a hex
+// token) contain no "}", so the "}" that ends the key's part is the last
+// one in the name, and the key is recovered by cutting it there. Across
 // the schemes: the prefix has no braces (WithPrefix), so a name's prefix
 // ends at its first brace, and that brace is "{" in every ordinary name and
 // "}" in every name of a key starting with "}". The ordinary names are
@@ -360,7 +363,9 @@ var errClosed = fmt.Errorf("%w (redislock.Provider.Close was called)", tenace.Er
 // excludes this one on every key that does not start with "}".
 func (p *Provider) names(key string) (lock, fence, channel string) {
 	if strings.HasPrefix(key, "}") {
-		lock = p.prefix + "}{=" + key + "}"
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(key))
+		lock = fmt.Sprintf("%s}{%016x}%s}", p.prefix, h.Sum64(), key)
 	} else {
 		lock = p.prefix + "{" + key + "}"
 	}
