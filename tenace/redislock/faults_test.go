@@ -651,8 +651,15 @@ func TestALeavingWaiterIsNotHeldByAPubSubReconnect(t *testing.T) {
 	took := time.Since(start)
 	srv.Resume()
 	resumed = true
-	t.Logf("a waiter that timed out while the shared Pub/Sub connection was re-opened on a stalled server returned after %v (Timeout %v)", took.Round(time.Millisecond), timeout)
-	require.NoError(t, got.err)
+	t.Logf("a waiter that timed out while the shared Pub/Sub connection was re-opened on a stalled server returned after %v (Timeout %v): %v", took.Round(time.Millisecond), timeout, got.err)
+	if got.err != nil {
+		// (nil, nil) most often; but a retry of the waiter's (the one that
+		// follows its subscription's confirmation, on a loaded machine
+		// late) may have gone to the stalled server 250ms or more before
+		// the Timeout: then no reply, rightly (seen 1 run in 9 beside a
+		// CPU burner).
+		require.ErrorIs(t, got.err, redislock.ErrNoReply)
+	}
 	require.Nil(t, got.lease)
 	require.Less(t, took, timeout+300*time.Millisecond, "returned at its Timeout, not at the reconnect's read timeout")
 	require.NoError(t, held.Release(bg))
