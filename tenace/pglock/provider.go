@@ -16,6 +16,7 @@ import (
 
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/internal/keyfmt"
+	"tenace.dev/tenace/internal/noreply"
 )
 
 // Defaults.
@@ -459,7 +460,7 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	dialing := time.Now()
 	conn, err := p.pool.Acquire(wctx)
 	if err != nil {
-		if tenace.TimedOut(ctx, wctx) && p.closed.Err() == nil && silentFor(wctx, dialing) >= connectGrace {
+		if p.dialTimedOut(ctx, wctx, dialing) {
 			return nil, p.noConnection(key, opts, err)
 		}
 		return p.failed(ctx, wctx, fmt.Errorf("pglock: connecting to PostgreSQL: %w", err))
@@ -505,7 +506,7 @@ func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key strin
 			reconnected = true
 			dialing := time.Now()
 			if conn, err = p.reconnect(wctx); err != nil {
-				if tenace.TimedOut(ctx, wctx) && p.closed.Err() == nil && silentFor(wctx, dialing) >= connectGrace {
+				if p.dialTimedOut(ctx, wctx, dialing) {
 					return nil, false, p.noConnection(key, opts, err)
 				}
 				l, err := p.failed(ctx, wctx, fmt.Errorf("pglock: acquiring %s: its connection ended, and reconnecting failed: %w", keyfmt.Quote(key), err))
@@ -645,24 +646,12 @@ func (p *Provider) failed(ctx, wctx context.Context, err error) (tenace.LockLeas
 	return nil, err
 }
 
-// connectGrace is how long a connection may go unmade when the Timeout
-// ends its dial and still count as part of the wait, (nil, nil): a dial on
-// a healthy server takes milliseconds, and a loaded machine can hold a
-// goroutine back for about 100ms. A dial the server has left unanswered
-// this long (a stalled or overloaded server, a network that drops the
-// packets) is an outage, reported as an error (see noConnection).
-const connectGrace = 250 * time.Millisecond
-
-// silentFor is how long something started at since went unanswered before
-// wctx ended: until its deadline if that has passed (on the system clock,
-// the Timeout's own), not until now, so that a goroutine held back on a
-// loaded machine does not count as the server's silence; else until now.
-func silentFor(wctx context.Context, since time.Time) time.Duration {
-	now := time.Now()
-	if d, ok := wctx.Deadline(); ok && d.Before(now) {
-		return d.Sub(since)
-	}
-	return now.Sub(since)
+// dialTimedOut reports whether a dial started at dialing was cut short by
+// the Timeout after the server had left it unanswered for noreply.Grace or
+// more (a stalled or overloaded server, a network that drops the packets):
+// an outage, reported by noConnection, not part of the wait.
+func (p *Provider) dialTimedOut(ctx, wctx context.Context, dialing time.Time) bool {
+	return tenace.TimedOut(ctx, wctx) && p.closed.Err() == nil && noreply.Unanswered(wctx, dialing) >= noreply.Grace
 }
 
 // noConnection is the error of a call whose Timeout passed while it was

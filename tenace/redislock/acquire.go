@@ -13,6 +13,7 @@ import (
 
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/internal/keyfmt"
+	"tenace.dev/tenace/internal/noreply"
 	"tenace.dev/tenace/policy"
 )
 
@@ -196,25 +197,12 @@ type waitCtx struct {
 	timeout           time.Duration
 }
 
-// unanswered is how long a try sent at sent went without a reply before it
-// was cut short: until the calls' deadline if it has passed (on the system
-// clock, the Timeout's own), not until now, so that a goroutine or timer
-// held back on a loaded machine does not count as the server's silence;
-// else (a Timeout on another clock) until now.
-func (w waitCtx) unanswered(sent time.Time) time.Duration {
-	now := time.Now()
-	if d, ok := w.call.Deadline(); ok && d.Before(now) {
-		return d.Sub(sent)
-	}
-	return now.Sub(sent)
-}
-
 // acquire: see waitCtx.
 func (p *Provider) acquire(w waitCtx, a *attempt, noWait bool) (*lease, error) {
 	sent := time.Now()
 	l, holderTTL, err := a.try(w.call)
 	if err != nil {
-		return nil, a.failed(w, err, w.unanswered(sent) < answerGrace)
+		return nil, a.failed(w, err, noreply.Unanswered(w.call, sent) < noreply.Grace)
 	}
 	if l != nil || noWait {
 		return l, nil
@@ -255,7 +243,7 @@ func (p *Provider) acquire(w waitCtx, a *attempt, noWait bool) (*lease, error) {
 		}
 		sent = time.Now()
 		if l, holderTTL, err = a.try(w.call); err != nil {
-			return nil, a.failed(w, err, w.unanswered(sent) < answerGrace)
+			return nil, a.failed(w, err, noreply.Unanswered(w.call, sent) < noreply.Grace)
 		}
 		if l != nil {
 			acquired = true
@@ -312,20 +300,10 @@ func (a *attempt) run(ctx context.Context) ([]int64, error) {
 // bound is only against a context that never reports its deadline.
 const outcomeWait = time.Second
 
-// answerGrace is how long a try may go unanswered when the Timeout cuts it
-// short and still count as part of the wait: (nil, nil), not an outage. A
-// Timeout can land on a try in flight on a healthy server — the first one,
-// or a retry after a release message, the fallback timer or the Pub/Sub
-// connection's return — which answers in well under a millisecond; a
-// loaded machine can hold a goroutine or a timer back for about 100ms; and
-// a Timeout shorter than a round trip cannot tell a slow answer from none.
-// A try the server has left unanswered this long is an outage.
-const answerGrace = 250 * time.Millisecond
-
 // failed handles a try that returned err: the script may have run, or may
 // yet run, so the token is voided in the background; then it reports.
-// graced says the try was cut short less than answerGrace after it was
-// sent.
+// graced says the try was cut short less than noreply.Grace after it was
+// sent (noreply.Unanswered).
 //
 // When the Timeout ended the try (or passed as it failed), the server has
 // not answered it: that is reported as an error that says so, not as (nil,
