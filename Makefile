@@ -2,7 +2,7 @@
 GO       ?= go
 FUZZTIME ?= 30s
 # Every module of the workspace (go.work); ./... alone covers only the core.
-PKGS     := ./... ./bench/... ./tenace/redislock/... ./tenace/oteltenace/... ./tenace/pglock/...
+PKGS     := ./... ./bench/... ./tenace/redislock/... ./tenace/oteltenace/... ./tenace/pglock/... ./tenace/etcdlock/... ./tenace/failsafelock/...
 
 # The Redis tests need redis-server, the PostgreSQL tests postgresql and pgbouncer; as root, make test installs them.
 .PHONY: ensure-redis ensure-postgres test test-race test-allocs test-verify bench bench-quick fuzz mutants lint cover run

@@ -1,0 +1,2 @@
+// Package etcdlock is a tenace.LockProvider on an etcd cluster (v3 API).
+package etcdlock

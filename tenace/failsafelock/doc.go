@@ -1,0 +1,2 @@
+// Package failsafelock runs a tenace lock as a failsafe-go policy.
+package failsafelock
