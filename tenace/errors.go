@@ -51,6 +51,17 @@ var ErrLeaseExpired = fmt.Errorf("%w: it reached its TTL, the longest time the l
 // answered (see AcquireContext); callers of Acquire never see it.
 var ErrAcquireTimeout = errors.New("tenace: the lock was not granted within LockAcquireOptions.Timeout")
 
+// ErrNoReply is wrapped by a provider's error when its server was reached
+// but did not answer within the call's Timeout or ctx (a stalled server, a
+// partitioned member): the provider cannot tell whether the key is held, so
+// it reports a failure rather than contention. Through a Lock it arrives
+// wrapped in an *UnexpectedError (event lock.failed), never as a
+// *LockNotAcquiredError. Every provider of this repository wraps it
+// (redislock.ErrNoReply, pglock and etcdlock likewise), so one errors.Is
+// check covers them all. Retry later; if it persists, the lock server is
+// down or unreachable.
+var ErrNoReply = errors.New("tenace: the lock server did not answer in time")
+
 // errDefaultClose is returned by Close on the default provider.
 var errDefaultClose = errors.New("tenace: DefaultLockProvider() lives as long as the process and cannot be closed; close only providers you created with NewMemoryLockProvider")
 
