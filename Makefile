@@ -4,35 +4,21 @@ FUZZTIME ?= 30s
 # Every module of the workspace (go.work); ./... alone covers only the core.
 PKGS     := ./... ./bench/... ./tenace/redislock/... ./tenace/oteltenace/... ./tenace/pglock/... ./tenace/etcdlock/... ./tenace/failsafelock/...
 
-# The Redis tests need redis-server, the PostgreSQL tests postgresql and pgbouncer; as root, make test installs them.
-.PHONY: ensure-redis ensure-postgres test test-race test-allocs test-verify bench bench-quick fuzz mutants lint cover run
+# The distributed providers' tests need redis-server, postgresql with pgbouncer, and
+# etcd: as root with apt-get, make test installs what is missing; otherwise it runs
+# every test it can (the distributed ones skip), then fails with the install line.
+.PHONY: servers test test-race test-allocs test-verify release-check bench bench-quick fuzz mutants lint cover run
 
 ## test: everything CI checks, on every module
-test: test-race test-allocs test-verify
+test: servers test-race test-allocs test-verify release-check
+	@./scripts/servers check
 
-## ensure-redis: install redis-server if it is missing (root), or say what to install
-ensure-redis:
-	@command -v redis-server >/dev/null 2>&1 || { \
-		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing redis-server (apt-get)"; \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
-		else \
-			echo "make test needs redis-server: run 'sudo apt-get install redis-server'"; exit 1; \
-		fi; }
-
-## ensure-postgres: install postgresql and pgbouncer if missing (root), or say what to install
-ensure-postgres:
-	@{ ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || command -v postgres >/dev/null 2>&1; } && \
-	{ [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null 2>&1; } || { \
-		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing postgresql and pgbouncer (apt-get)"; \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql pgbouncer >/dev/null; \
-		else \
-			echo "make test needs postgresql and pgbouncer: run 'sudo apt-get install postgresql pgbouncer'"; exit 1; \
-		fi; }
+## servers: install the test servers that are missing (root with apt-get), or say how
+servers:
+	@./scripts/servers install
 
 ## test-race: every test of every module under the race detector
-test-race: ensure-redis ensure-postgres
+test-race:
 	$(GO) test -race -count=1 $(PKGS)
 
 ## test-allocs: the allocation budgets (sync.Pool drops items under -race, so they run without it)
@@ -42,6 +28,10 @@ test-allocs:
 ## test-verify: the lock manager with the table's invariant check after every message
 test-verify:
 	$(GO) test -race -count=1 -tags tenace_verify ./tenace/ ./tenace/shard/
+
+## release-check: an adopter module outside the workspace builds and tests against the modules zipped as published
+release-check:
+	./scripts/release-check
 
 ## run: the load tool on the in-process provider (the README's first command)
 run:

@@ -13,7 +13,7 @@ require (
 	golang.org/x/sync v0.19.0
 	gonum.org/v1/plot v0.17.0
 	k8s.io/utils v0.0.0-20260210185600-b8788abfbbc2
-	tenace.dev v0.0.0
+	tenace.dev v0.1.0
 )
 
 require (
@@ -47,17 +47,7 @@ require (
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/image v0.30.0 // indirect
 	golang.org/x/text v0.29.0 // indirect
-	tenace.dev/tenace/oteltenace v0.0.0
-	tenace.dev/tenace/pglock v0.0.0
-	tenace.dev/tenace/redislock v0.0.0
+	tenace.dev/tenace/oteltenace v0.1.0
+	tenace.dev/tenace/pglock v0.1.0
+	tenace.dev/tenace/redislock v0.1.0
 )
-
-// The core module lives in the parent directory; go.work ties them for
-// development, and this replace lets the bench module build on its own too.
-replace tenace.dev => ../
-
-replace tenace.dev/tenace/redislock => ../tenace/redislock
-
-replace tenace.dev/tenace/pglock => ../tenace/pglock
-
-replace tenace.dev/tenace/oteltenace => ../tenace/oteltenace

@@ -2,10 +2,6 @@ module tenace.dev/tenace/oteltenace
 
 go 1.25.0
 
-// The core module is two directories up; go.work ties them for development,
-// and this replace lets the module build on its own too.
-replace tenace.dev => ../../
-
 require (
 	github.com/stretchr/testify v1.12.1
 	go.opentelemetry.io/otel v1.46.0
@@ -14,7 +10,7 @@ require (
 	go.opentelemetry.io/otel/sdk/metric v1.46.0
 	go.opentelemetry.io/otel/trace v1.46.0
 	go.uber.org/goleak v1.3.0
-	tenace.dev v0.0.0
+	tenace.dev v0.1.0
 )
 
 require (

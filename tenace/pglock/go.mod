@@ -6,7 +6,7 @@ require (
 	github.com/jackc/pgx/v5 v5.8.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
-	tenace.dev v0.0.0
+	tenace.dev v0.1.0
 )
 
 require (
@@ -18,7 +18,3 @@ require (
 	golang.org/x/sync v0.17.0 // indirect
 	golang.org/x/text v0.29.0 // indirect
 )
-
-// The core module is two directories up; go.work ties them for development,
-// and this replace lets the module build on its own too.
-replace tenace.dev => ../../

@@ -6,7 +6,7 @@ require (
 	github.com/redis/go-redis/v9 v9.17.3
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
-	tenace.dev v0.0.0
+	tenace.dev v0.1.0
 )
 
 require (
@@ -14,7 +14,3 @@ require (
 	github.com/dgryski/go-rendezvous v0.0.0-20200823014737-9f7001d12a5f // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 )
-
-// The core module is two directories up; go.work ties them for development,
-// and this replace lets the module build on its own too.
-replace tenace.dev => ../../

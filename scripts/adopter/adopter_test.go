@@ -1,0 +1,98 @@
+// Package adopter uses tenace the way a module outside the repository does:
+// through the published modules, resolved by the Go command with no replace
+// line and no go.work.
+package adopter
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/sdk/metric"
+
+	"tenace.dev/tenace"
+	"tenace.dev/tenace/locktest"
+	"tenace.dev/tenace/oteltenace"
+	"tenace.dev/tenace/pglock"
+	"tenace.dev/tenace/redislock"
+)
+
+// The memory provider, through a policy, excludes callers of one key.
+func TestALockExcludesFromOutside(t *testing.T) {
+	locks := tenace.NewMemoryLockProvider()
+	defer locks.Close()
+	p := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: locks, Timeout: time.Minute})
+
+	var inside, most int
+	var mu sync.Mutex // guards the counters, not the lock under test
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			err := p.Execute(context.Background(), func(ctx context.Context) error {
+				if _, ok := tenace.LeaseFrom(ctx); !ok {
+					return errors.New("no lease inside fn")
+				}
+				mu.Lock()
+				inside++
+				most = max(most, inside)
+				mu.Unlock()
+				mu.Lock()
+				inside--
+				mu.Unlock()
+				return nil
+			}, tenace.WithKey("account:1"))
+			if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if most != 1 {
+		t.Fatalf("%d callers inside at once, want 1", most)
+	}
+}
+
+// The conformance suite runs from outside the repository.
+func TestLocktestFromOutside(t *testing.T) {
+	locktest.Run(t, func(t *testing.T) tenace.LockProvider {
+		p := tenace.NewMemoryLockProvider()
+		t.Cleanup(func() { p.Close() })
+		return p
+	}, locktest.Capabilities{FIFO: true, ExactStats: true, Fencing: true})
+}
+
+// OpenTelemetry instruments a policy.
+func TestOpenTelemetryFromOutside(t *testing.T) {
+	mp := metric.NewMeterProvider()
+	defer mp.Shutdown(context.Background())
+	p := oteltenace.New(oteltenace.WithMeterProvider(mp)).Instrument(
+		tenace.NewPolicy().WithLock(tenace.LockOptions{Key: "reports"}))
+	if err := p.Execute(context.Background(), func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The distributed providers build, and a server that is not there is an
+// error, never a lock that someone else holds.
+func TestDistributedProvidersFromOutside(t *testing.T) {
+	ctx := context.Background()
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	defer client.Close()
+	rl := redislock.New(client)
+	defer rl.Close()
+	p := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: rl, Key: "k", Timeout: tenace.NoWait})
+	err := p.Execute(ctx, func(context.Context) error { return nil })
+	var failed *tenace.UnexpectedError
+	if !errors.As(err, &failed) {
+		t.Fatalf("redislock on a closed port: %v, want *tenace.UnexpectedError", err)
+	}
+
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := pglock.New(dctx, "postgres://nobody@127.0.0.1:1/none?connect_timeout=2"); err == nil {
+		t.Fatal("pglock.New on a closed port succeeded")
+	}
+}

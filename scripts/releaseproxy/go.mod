@@ -1,0 +1,5 @@
+module tenace.dev/scripts/releaseproxy
+
+go 1.25
+
+require golang.org/x/mod v0.30.0
