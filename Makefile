@@ -2,7 +2,7 @@
 GO       ?= go
 FUZZTIME ?= 30s
 # Every module of the workspace (go.work); ./... alone covers only the core.
-PKGS     := ./... ./bench/... ./tenace/redislock/... ./tenace/oteltenace/... ./tenace/pglock/... ./tenace/etcdlock/... ./tenace/failsafelock/...
+PKGS     := ./... ./bench/... ./tenace/redislock/... ./tenace/oteltenace/... ./tenace/pglock/... ./tenace/etcdlock/... ./tenace/failsafelock/... ./scripts/releaseproxy/...
 
 # The distributed providers' tests need redis-server, postgresql with pgbouncer, and
 # etcd: as root with apt-get, make test installs what is missing; otherwise it runs
