@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"tenace.dev/tenace/policy"
+	"tenace.dev/tenace/clock"
 )
 
 // NoWait as a Timeout means: try once, and do not wait if the key is held.
@@ -106,7 +106,7 @@ func AcquireContext(ctx context.Context, opts LockAcquireOptions) (actx context.
 	if opts.Timeout <= 0 {
 		return context.WithCancel(ctx)
 	}
-	return policy.WithTimeoutCause(ctx, opts.Clock, opts.Timeout, ErrAcquireTimeout)
+	return clock.WithTimeoutCause(ctx, opts.Clock, opts.Timeout, ErrAcquireTimeout)
 }
 
 // TimedOut reports whether actx, from AcquireContext(ctx, ...), ended
