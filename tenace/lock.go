@@ -98,7 +98,8 @@ type leaseKey struct{}
 //		}
 //	}
 //
-// fn must not release the lease: the Lock does.
+// TokenFrom does the same in one call. fn must not release the lease: the
+// Lock does.
 func LeaseFrom(ctx context.Context) (LockLease, bool) {
 	l, ok := ctx.Value(leaseKey{}).(LockLease)
 	return l, ok

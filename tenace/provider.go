@@ -55,7 +55,8 @@ type LockLease interface {
 // strictly increases, grant after grant, for the same key. A resource that
 // remembers the highest token it has seen can refuse a write from a holder
 // whose lease has been superseded (a paused process, an expired distributed
-// lock). MemoryLockProvider's leases implement it.
+// lock). MemoryLockProvider's leases implement it. Inside fn, TokenFrom
+// reads the token of the lease a Lock holds.
 type FencedLease interface {
 	LockLease
 	Token() uint64
