@@ -7,8 +7,12 @@ import (
 	"time"
 
 	"tenace.dev/tenace/clock"
-	"tenace.dev/tenace/internal/fakeclock"
 )
+
+// offsetClock is a test's clock: the system clock an hour ahead.
+type offsetClock struct{ clock.Clock }
+
+func (c offsetClock) Now() time.Time { return c.Clock.Now().Add(time.Hour) }
 
 // A lock provider takes the Clock of its options (nil: the system clock):
 // with the system clock it can hand its client a context with a real
@@ -22,24 +26,20 @@ func ExampleIsSystem() {
 	}
 	fmt.Println(wait(nil))
 	fmt.Println(wait(clock.System()))
-	fmt.Println(wait(fakeclock.New()))
+	fmt.Println(wait(offsetClock{clock.System()}))
 	// Output:
 	// time package: real deadlines for the client
 	// time package: real deadlines for the client
 	// the clock's timers: the test drives time
 }
 
-// A context that ends once a second has passed on a test clock, with a cause
-// that says why.
+// A context that ends once its time has passed on the clock, with a cause
+// that says why; on the system clock it is context.WithTimeoutCause.
 func ExampleWithTimeoutCause() {
 	errSlow := errors.New("the lock was not granted within its timeout")
-	clk := fakeclock.New()
-	ctx, cancel := clock.WithTimeoutCause(context.Background(), clk, time.Second, errSlow)
+	ctx, cancel := clock.WithTimeoutCause(context.Background(), clock.System(), time.Millisecond, errSlow)
 	defer cancel()
-	fmt.Println(ctx.Err())
-	clk.Advance(time.Second)
+	<-ctx.Done()
 	fmt.Println(ctx.Err(), "|", context.Cause(ctx))
-	// Output:
-	// <nil>
-	// context deadline exceeded | the lock was not granted within its timeout
+	// Output: context deadline exceeded | the lock was not granted within its timeout
 }
