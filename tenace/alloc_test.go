@@ -6,6 +6,7 @@
 package tenace_test
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"testing"
@@ -69,4 +70,19 @@ func TestEventsAllocateNothing(t *testing.T) {
 		})
 		require.LessOrEqual(t, allocs, 1.0, name)
 	}
+}
+
+// TestTokenFromAllocatesNothing: reading the token inside fn adds nothing
+// to a lock-only policy's one allocation.
+func TestTokenFromAllocatesNothing(t *testing.T) {
+	p, _ := newProvider(t)
+	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p})
+	fn := func(ctx context.Context) error {
+		_, _ = tenace.TokenFrom(ctx)
+		return nil
+	}
+	allocs := testing.AllocsPerRun(1000, func() {
+		_ = pol.Execute(bg, fn, tenace.WithKey("k"))
+	})
+	require.LessOrEqual(t, allocs, 1.0)
 }

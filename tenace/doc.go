@@ -45,8 +45,8 @@
 // nor its deadline can end, even while the release runs (so that a
 // distributed release still reaches its server); a failure to release is
 // ignored, because a distributed lock expires on its own and the work is
-// done. Inside fn, LeaseFrom returns the lease, whose fencing token
-// (FencedLease) a resource can check.
+// done. Inside fn, LeaseFrom returns the lease, and TokenFrom its fencing
+// token (FencedLease), which a resource can check.
 //
 // # Errors
 //

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"tenace.dev/tenace/internal/keyfmt"
 	"tenace.dev/tenace/policy"
@@ -45,11 +46,15 @@ var ErrLeaseLost = errors.New("tenace: the lock's lease was lost while held; ano
 // lease that ran out of time from one taken away.
 var ErrLeaseExpired = fmt.Errorf("%w: it reached its TTL, the longest time the lock may be held", ErrLeaseLost)
 
-// ErrAcquireTimeout is the cause (context.Cause) of a context from
-// AcquireContext whose Timeout passed. Providers turn it into "not granted
-// in time", (nil, nil), or into an error of their own when the server never
-// answered (see AcquireContext); callers of Acquire never see it.
-var ErrAcquireTimeout = errors.New("tenace: the lock was not granted within LockAcquireOptions.Timeout")
+// ErrAcquireContextTimeout is for provider authors: it is the cause
+// (context.Cause) of a context from AcquireContext whose Timeout passed, and
+// a provider asks TimedOut rather than compare causes itself. Neither
+// Execute nor a provider's Acquire returns it: the provider turns it into
+// "not granted in time", (nil, nil), which a Lock returns as a
+// *LockNotAcquiredError (test a rejection with errors.As and that type,
+// never with this), or into an error of its own when the server never
+// answered (see AcquireContext).
+var ErrAcquireContextTimeout = errors.New("tenace: the Timeout of an AcquireContext passed; a provider reports it as not granted, (nil, nil)")
 
 // ErrNoReply is wrapped by a provider's error when its server was reached
 // but did not answer within the call's Timeout or ctx (a stalled server, a
@@ -74,11 +79,24 @@ var errDefaultClose = errors.New("tenace: DefaultLockProvider() lives as long as
 type LockNotAcquiredError struct {
 	// Key is the lock key.
 	Key string
+	// Timeout is the Lock's LockOptions.Timeout: how long it waited, or
+	// NoWait when it tried once. 0 (it had none, and waited as long as its
+	// context allowed) only when a provider answered "not granted" anyway.
+	Timeout time.Duration
 }
 
-// Error names the key and what to do about it.
+// Error names the key, how long the Lock waited, and what to do about it.
 func (e *LockNotAcquiredError) Error() string {
-	return "tenace: lock " + keyfmt.Quote(e.Key) + " not acquired within its timeout: another call holds it; retry later or raise LockOptions.Timeout"
+	const held = ": another call holds it; retry later"
+	key := keyfmt.Quote(e.Key)
+	switch {
+	case e.Timeout == NoWait:
+		return "tenace: lock " + key + " not acquired at once (NoWait)" + held + ", or wait with a LockOptions.Timeout"
+	case e.Timeout > 0:
+		return "tenace: lock " + key + " not acquired within its " + e.Timeout.String() + " timeout" + held + " or raise LockOptions.Timeout"
+	default:
+		return "tenace: lock " + key + " not acquired" + held
+	}
 }
 
 // UnexpectedError is returned, as *UnexpectedError, when the lock provider

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"tenace.dev/tenace"
-	"tenace.dev/tenace/policy"
+	"tenace.dev/tenace/clock"
 )
 
 type ctxMark struct{}
@@ -188,7 +188,7 @@ func (c *countingClock) Now() time.Time {
 
 func TestAPolicyWithoutListenersReadsNoClockForEvents(t *testing.T) {
 	p, _ := newProvider(t)
-	clk := &countingClock{Clock: policy.SystemClock()}
+	clk := &countingClock{Clock: clock.System()}
 	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"}).WithClock(clk)
 	require.NoError(t, pol.Execute(bg, noop))
 	require.Zero(t, clk.reads.Load(), "no listener: no clock read")

@@ -87,6 +87,25 @@ func ExampleLeaseFrom() {
 	// Output: writing with a fencing token: true
 }
 
+// TokenFrom reads the fencing token in one call, to pass it with every write
+// to the resource the lock guards (which refuses a token lower than the
+// highest it has seen).
+func ExampleTokenFrom() {
+	provider := tenace.NewMemoryLockProvider()
+	defer provider.Close()
+	p := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: provider, Key: "ledger"})
+	for range 2 {
+		_ = p.Execute(context.Background(), func(ctx context.Context) error {
+			token, ok := tenace.TokenFrom(ctx)
+			fmt.Println("write with token", token, ok)
+			return nil
+		})
+	}
+	// Output:
+	// write with token 1 true
+	// write with token 2 true
+}
+
 // WithTimeout's error unwraps to context.DeadlineExceeded.
 func ExampleTimeoutError() {
 	p := tenace.NewPolicy().WithTimeout(10 * time.Millisecond)

@@ -169,7 +169,7 @@ func TestAcquireContext(t *testing.T) {
 		require.Equal(t, time.Now().Add(time.Second), deadline)
 		<-actx.Done()
 		require.ErrorIs(t, actx.Err(), context.DeadlineExceeded)
-		require.Equal(t, tenace.ErrAcquireTimeout, context.Cause(actx))
+		require.Equal(t, tenace.ErrAcquireContextTimeout, context.Cause(actx))
 		require.True(t, tenace.TimedOut(bg, actx))
 	})
 	synctest.Test(t, func(t *testing.T) {

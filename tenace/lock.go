@@ -98,7 +98,8 @@ type leaseKey struct{}
 //		}
 //	}
 //
-// fn must not release the lease: the Lock does.
+// TokenFrom does the same in one call. fn must not release the lease: the
+// Lock does.
 func LeaseFrom(ctx context.Context) (LockLease, bool) {
 	l, ok := ctx.Value(leaseKey{}).(LockLease)
 	return l, ok
@@ -200,7 +201,7 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 			}
 			return ctxErr // a provider may report a ctx that ended as "not granted"
 		}
-		rejected := &LockNotAcquiredError{Key: key}
+		rejected := &LockNotAcquiredError{Key: key, Timeout: l.opts.Timeout}
 		if observed {
 			emitWaitEnd(ctx, x, EventLockRejected, key, start, rejected)
 		}

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"tenace.dev/tenace/policy"
+	"tenace.dev/tenace/clock"
 	"tenace.dev/tenace/shard"
 )
 
@@ -218,7 +218,7 @@ func (p *MemoryLockProvider) refuse(ctx context.Context, key string, opts *LockA
 func (p *MemoryLockProvider) acquireTimeout(ctx context.Context, key string, opts LockAcquireOptions) (LockLease, error) {
 	// The timer starts before the acquire is sent, so a test clock that sees
 	// the waiter queued has already seen its timer.
-	if policy.IsSystemClock(opts.Clock) {
+	if clock.IsSystem(opts.Clock) {
 		t := p.startTimer(opts.Timeout)
 		defer p.stopTimer(t)
 		return p.wait(ctx, key, t.C)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"tenace.dev/tenace/clock"
 	"tenace.dev/tenace/policy"
 )
 
@@ -11,8 +12,11 @@ import (
 // Event... names.
 type Event = policy.Event
 
-// Clock is the time source of a policy and its steps; see Policy.WithClock.
-type Clock = policy.Clock
+// Clock is the time source of a policy, its steps and the lock providers;
+// see Policy.WithClock. It is clock.Clock (package
+// tenace.dev/tenace/clock, which also has the system clock, clock.System),
+// and policy.Clock.
+type Clock = clock.Clock
 
 // TimeoutError is returned, as *TimeoutError, by a WithTimeout step whose
 // deadline passed before the work returned.

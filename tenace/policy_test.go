@@ -107,6 +107,8 @@ func TestLockNotAcquiredWithinTimeoutReturnsLockNotAcquiredError(t *testing.T) {
 		var nae *tenace.LockNotAcquiredError
 		require.ErrorAs(t, err, &nae)
 		require.Equal(t, "reports", nae.Key)
+		require.Equal(t, 5*time.Second, nae.Timeout)
+		require.Contains(t, nae.Error(), "within its 5s timeout")
 		require.Equal(t, 5*time.Second, time.Since(start))
 		require.False(t, ran)
 		require.Equal(t, []string{"lock.acquiring:reports", "lock.rejected:reports"}, rec.names())
@@ -123,6 +125,9 @@ func TestNoWaitOnAHeldKeyReturnsLockNotAcquiredErrorAtOnce(t *testing.T) {
 	var nae *tenace.LockNotAcquiredError
 	require.ErrorAs(t, err, &nae)
 	require.Equal(t, "k", nae.Key)
+	require.Equal(t, tenace.NoWait, nae.Timeout)
+	require.Contains(t, nae.Error(), "not acquired at once (NoWait)", "it did not wait: no timeout to speak of")
+	require.NotContains(t, nae.Error(), "timeout:")
 	require.NoError(t, held.Release(bg))
 	requireIdle(t, p, "k")
 }
@@ -924,8 +929,13 @@ func TestEventsAcquiredAndReleasedCarryTheLockKey(t *testing.T) {
 }
 
 func TestErrorMessagesSayWhatHappenedAndWhatToDo(t *testing.T) {
-	require.Equal(t, `tenace: lock "reports" not acquired within its timeout: another call holds it; retry later or raise LockOptions.Timeout`,
-		(&tenace.LockNotAcquiredError{Key: "reports"}).Error())
+	for timeout, want := range map[time.Duration]string{
+		5 * time.Second: `tenace: lock "reports" not acquired within its 5s timeout: another call holds it; retry later or raise LockOptions.Timeout`,
+		tenace.NoWait:   `tenace: lock "reports" not acquired at once (NoWait): another call holds it; retry later, or wait with a LockOptions.Timeout`,
+		0:               `tenace: lock "reports" not acquired: another call holds it; retry later`,
+	} {
+		require.Equal(t, want, (&tenace.LockNotAcquiredError{Key: "reports", Timeout: timeout}).Error())
+	}
 	require.Equal(t, "tenace: the lock provider failed, so the work did not run: boom", (&tenace.UnexpectedError{Err: errBoom}).Error())
 	require.Equal(t, "tenace: the lock provider failed, so the work did not run", (&tenace.UnexpectedError{}).Error(), "a value built by hand without Err")
 	require.Contains(t, tenace.ErrMissingKey.Error(), "LockOptions.Key")

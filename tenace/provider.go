@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"tenace.dev/tenace/policy"
+	"tenace.dev/tenace/clock"
 )
 
 // NoWait as a Timeout means: try once, and do not wait if the key is held.
@@ -55,7 +55,8 @@ type LockLease interface {
 // strictly increases, grant after grant, for the same key. A resource that
 // remembers the highest token it has seen can refuse a write from a holder
 // whose lease has been superseded (a paused process, an expired distributed
-// lock). MemoryLockProvider's leases implement it.
+// lock). MemoryLockProvider's leases implement it. Inside fn, TokenFrom
+// reads the token of the lease a Lock holds.
 type FencedLease interface {
 	LockLease
 	Token() uint64
@@ -88,7 +89,7 @@ func validateAcquire(key string, opts LockAcquireOptions) error { return Validat
 // AcquireContext returns a context for the whole of one Acquire, for
 // provider authors: it ends when ctx ends or when opts.Timeout has passed on
 // opts.Clock (nil: the system clock), whichever comes first. When the
-// timeout ended it, context.Cause(actx) is ErrAcquireTimeout while ctx itself
+// timeout ended it, context.Cause(actx) is ErrAcquireContextTimeout while ctx itself
 // has not ended: the provider then returns (nil, nil), "not granted in
 // time" — unless its server was never asked or never answered (a full
 // connection pool, a stalled server: redislock and pglock return an error
@@ -106,7 +107,7 @@ func AcquireContext(ctx context.Context, opts LockAcquireOptions) (actx context.
 	if opts.Timeout <= 0 {
 		return context.WithCancel(ctx)
 	}
-	return policy.WithTimeoutCause(ctx, opts.Clock, opts.Timeout, ErrAcquireTimeout)
+	return clock.WithTimeoutCause(ctx, opts.Clock, opts.Timeout, ErrAcquireContextTimeout)
 }
 
 // TimedOut reports whether actx, from AcquireContext(ctx, ...), ended
@@ -114,7 +115,7 @@ func AcquireContext(ctx context.Context, opts LockAcquireOptions) (actx context.
 // a provider reports "not granted in time" with (nil, nil), when its server
 // answered that the key is held (see AcquireContext).
 func TimedOut(ctx, actx context.Context) bool {
-	return ctx.Err() == nil && context.Cause(actx) == ErrAcquireTimeout
+	return ctx.Err() == nil && context.Cause(actx) == ErrAcquireContextTimeout
 }
 
 // LosableLease is a lease that can be lost before it is released: a

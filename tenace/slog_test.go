@@ -52,7 +52,7 @@ func TestLogEventsLogsEachEventWithItsFieldsAndLevel(t *testing.T) {
 			return nil
 		}))
 		tok := float64(token)
-		rejected := `tenace: lock "k" not acquired within its timeout: another call holds it; retry later or raise LockOptions.Timeout`
+		rejected := `tenace: lock "k" not acquired within its 2s timeout: another call holds it; retry later or raise LockOptions.Timeout`
 		require.Equal(t, []map[string]any{
 			{"level": "DEBUG", "msg": "lock.acquiring", "key": "k"},
 			{"level": "DEBUG", "msg": "lock.acquired", "key": "k", "wait": 0.0, "token": tok},
@@ -164,7 +164,7 @@ func ExampleLogEvents() {
 	// level=DEBUG msg=lock.acquiring key=reports
 	// level=DEBUG msg=lock.acquired key=reports wait=0s
 	// level=DEBUG msg=lock.acquiring key=reports
-	// level=WARN msg=lock.rejected key=reports wait=0s err="tenace: lock \"reports\" not acquired within its timeout: another call holds it; retry later or raise LockOptions.Timeout"
+	// level=WARN msg=lock.rejected key=reports wait=0s err="tenace: lock \"reports\" not acquired at once (NoWait): another call holds it; retry later, or wait with a LockOptions.Timeout"
 	// level=DEBUG msg=lock.released key=reports hold=0s
 	// true
 }

@@ -9,6 +9,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/oteltenace"
@@ -92,4 +94,60 @@ func ExampleObserveStats() {
 		}
 		defer func() { _ = reg.Unregister() }()
 	}
+}
+
+// Two locks of one service, told apart by name: each policy gets a
+// Telemetry of its own name, which labels its metrics (tenace.policy.name)
+// and names its spans. The names are constants of the program, so the
+// number of series stays bounded whatever keys the locks take.
+func ExampleWithName() {
+	ctx := context.Background()
+	reader := sdkmetric.NewManualReader()
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = meters.Shutdown(ctx) }()
+	spans := tracetest.NewSpanRecorder()
+	tracers := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	defer func() { _ = tracers.Shutdown(ctx) }()
+
+	provider := tenace.NewMemoryLockProvider()
+	defer provider.Close()
+	instrument := func(name string, p tenace.Policy) tenace.Policy {
+		tel := oteltenace.New(oteltenace.WithName(name),
+			oteltenace.WithMeterProvider(meters), oteltenace.WithTracerProvider(tracers))
+		return tel.Instrument(p)
+	}
+	reports := instrument("reports", tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: provider}))
+	migrations := instrument("migrations", tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: provider, Key: "schema"}))
+
+	for _, customer := range []string{"customer-1", "customer-2"} {
+		_ = reports.Execute(ctx, func(context.Context) error { return nil }, tenace.WithKey(customer))
+	}
+	_ = migrations.Execute(ctx, func(context.Context) error { return nil })
+
+	for _, s := range spans.Ended() {
+		fmt.Println("span:", s.Name())
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		log.Fatal(err)
+	}
+	var lines []string
+	for _, m := range rm.ScopeMetrics[0].Metrics {
+		if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == "tenace.lock.hold.duration" {
+			for _, dp := range h.DataPoints {
+				name, _ := dp.Attributes.Value(oteltenace.NameKey)
+				lines = append(lines, fmt.Sprintf("%s name=%s count=%d", m.Name, name.AsString(), dp.Count))
+			}
+		}
+	}
+	slices.Sort(lines)
+	for _, l := range lines {
+		fmt.Println(l)
+	}
+	// Output:
+	// span: tenace.execute reports
+	// span: tenace.execute reports
+	// span: tenace.execute migrations
+	// tenace.lock.hold.duration name=migrations count=1
+	// tenace.lock.hold.duration name=reports count=2
 }

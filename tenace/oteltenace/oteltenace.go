@@ -6,6 +6,12 @@
 //	tel := oteltenace.New() // the global MeterProvider and TracerProvider
 //	p := tel.Instrument(tenace.NewPolicy().WithLock(tenace.LockOptions{Key: "reports"}))
 //
+// To tell two policies of one service apart, give each a name of its own
+// ([WithName]): it labels their metrics (tenace.policy.name) and names their
+// spans ("tenace.execute reports"): one series more per name, and the
+// program chooses the names, never a request, so their number stays
+// bounded.
+//
 // It is a module of its own (tenace.dev/tenace/oteltenace), so that the core
 // module does not depend on OpenTelemetry; it uses only the OpenTelemetry
 // API, and the application chooses and configures the SDK.
@@ -23,6 +29,10 @@
 //	tenace.lock.waiting           up-down counter     {caller}       —
 //	tenace.timeouts               counter             {timeout}      —
 //
+// With [WithName], every measurement of every one of them also carries
+// tenace.policy.name, the name: one series per name the program gives
+// (and per outcome), however many keys its locks take.
+//
 // tenace.lock.outcome is acquired, rejected (not granted within the Lock's
 // Timeout), cancelled (the caller's context ended first) or failed (the
 // provider failed). Both histograms advise bucket boundaries from 1 µs to
@@ -39,7 +49,9 @@
 //
 // # Spans
 //
-// [Telemetry.Step] starts one span per Execute, named "tenace.execute", and
+// [Telemetry.Step] starts one span per Execute, named "tenace.execute" (with
+// [WithName], "tenace.execute " and the name, say "tenace.execute reports",
+// and the attribute tenace.policy.name), and
 // the listener adds the lock's events to the span it finds in the event's
 // context. One span per Execute, rather than one per Lock step, because a
 // listener cannot open a span around a step — it sees events, not the
@@ -78,6 +90,9 @@ const (
 	OutcomeKey = attribute.Key("tenace.lock.outcome")
 	// LockKeyKey is the lock key, recorded only with WithLockKey.
 	LockKeyKey = attribute.Key("tenace.lock.key")
+	// NameKey is the name given with WithName, recorded on every
+	// measurement, on the Execute span and on every span event.
+	NameKey = attribute.Key("tenace.policy.name")
 	// TokenKey is the fencing token, on span events of leases that have one:
 	// an int64 attribute, or, for a token above math.MaxInt64 (which
 	// OpenTelemetry's integers cannot hold), its decimal string.
@@ -114,6 +129,7 @@ type config struct {
 	meters  metric.MeterProvider
 	tracers trace.TracerProvider
 	lockKey bool
+	name    string
 }
 
 type optionFunc func(*config)
@@ -144,6 +160,22 @@ func WithLockKey() Option {
 	return optionFunc(func(c *config) { c.lockKey = true })
 }
 
+// WithName names what the Telemetry instruments — a policy, or the lock
+// that is its purpose ("reports", "migrations") — so that two policies of
+// one service can be told apart: every measurement carries it as the
+// attribute tenace.policy.name, and the Execute span is named
+// "tenace.execute " and the name, and carries the attribute too, as does
+// every span event. "" means no name, as without the option.
+//
+// The name is a constant the program chooses, one per policy: never a lock
+// key, nor anything taken from a request, since each distinct name is a
+// time series of every metric (that is what WithLockKey is for, with its
+// warning). Make one Telemetry per name, once, and use it for every policy
+// of that name.
+func WithName(name string) Option {
+	return optionFunc(func(c *config) { c.name = name })
+}
+
 // Telemetry records a policy's events as metrics and span events, and its
 // Executes as spans. Create it once (its instruments are created once) and
 // use it for any number of policies; it is safe for concurrent use.
@@ -156,11 +188,19 @@ type Telemetry struct {
 	waiting  metric.Int64UpDownCounter
 	timeouts metric.Int64Counter
 	lockKey  bool
+	name     string // WithName's; "" for none
 
-	// One attribute set per outcome, made once, so that recording without
-	// the lock key allocates nothing. Each is a one-element slice ready to
-	// pass as the variadic options: passing a lone option would make a new
-	// slice, which escapes through the interface call, on every record.
+	// The span's name and start options, made once.
+	spanName  string
+	spanStart []trace.SpanStartOption
+
+	// The attribute sets of the measurements without the lock key, made
+	// once, so that recording them allocates nothing: the name's alone (or
+	// none) in plain, and with each outcome in byOutcome. Each is a
+	// one-element slice ready to pass as the variadic options: passing a
+	// lone option would make a new slice, which escapes through the
+	// interface call, on every record.
+	plain     measure
 	byOutcome [numOutcomes]measure
 }
 
@@ -200,7 +240,7 @@ func New(opts ...Option) *Telemetry {
 		c.tracers = otel.GetTracerProvider()
 	}
 	meter := c.meters.Meter(ScopeName)
-	t := &Telemetry{tracer: c.tracers.Tracer(ScopeName), lockKey: c.lockKey}
+	t := &Telemetry{tracer: c.tracers.Tracer(ScopeName), lockKey: c.lockKey, name: c.name}
 	var err error
 	handle := func(e error) {
 		if e != nil && err == nil {
@@ -239,10 +279,27 @@ func New(opts ...Option) *Telemetry {
 	t.lost = orNoop(t.lost, metric.Int64Counter(noop.Int64Counter{}))
 	t.waiting = orNoop(t.waiting, metric.Int64UpDownCounter(noop.Int64UpDownCounter{}))
 	t.timeouts = orNoop(t.timeouts, metric.Int64Counter(noop.Int64Counter{}))
+	t.spanName = "tenace.execute"
+	t.spanStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)}
+	if t.name != "" {
+		t.spanName += " " + t.name
+		t.spanStart = append(t.spanStart, trace.WithAttributes(NameKey.String(t.name)))
+	}
+	t.plain = measureOf(attribute.NewSet(t.named()...))
 	for o := range numOutcomes {
-		t.byOutcome[o] = measureOf(attribute.NewSet(OutcomeKey.String(outcomeNames[o])))
+		t.byOutcome[o] = measureOf(attribute.NewSet(append(t.named(), OutcomeKey.String(outcomeNames[o]))...))
 	}
 	return t
+}
+
+// named returns a new slice of the name's attribute, or an empty one
+// without a name, with room for two more.
+func (t *Telemetry) named() []attribute.KeyValue {
+	kvs := make([]attribute.KeyValue, 0, 3)
+	if t.name != "" {
+		kvs = append(kvs, NameKey.String(t.name))
+	}
+	return kvs
 }
 
 // orNoop returns inst, or none if inst is nil.
@@ -283,7 +340,7 @@ func (t *Telemetry) Listen(e tenace.Event) {
 	case tenace.EventLockLost:
 		t.lost.Add(ctx, 1, t.keyed(e.Key, nil).add...)
 	case tenace.EventTimeout:
-		t.timeouts.Add(ctx, 1)
+		t.timeouts.Add(ctx, 1, t.plain.add...)
 	default:
 		return // a third-party step's event: not ours to record
 	}
@@ -298,17 +355,17 @@ func (t *Telemetry) waitEnded(ctx context.Context, e tenace.Event, o outcome) {
 	t.acquired.Add(ctx, 1, m.add...)
 }
 
-// keyed returns the measurement options for an event: its outcome (if o is
-// not nil) and, with WithLockKey, its key. Without the key it allocates
-// nothing.
+// keyed returns the measurement options for an event: the name (with
+// WithName), its outcome (if o is not nil) and, with WithLockKey, its key.
+// Without the key it allocates nothing.
 func (t *Telemetry) keyed(key string, o *outcome) measure {
 	if !t.lockKey {
 		if o == nil {
-			return measure{}
+			return t.plain
 		}
 		return t.byOutcome[*o]
 	}
-	kvs := []attribute.KeyValue{LockKeyKey.String(key)}
+	kvs := append(t.named(), LockKeyKey.String(key))
 	if o != nil {
 		kvs = append(kvs, OutcomeKey.String(outcomeNames[*o]))
 	}
@@ -326,7 +383,10 @@ func (t *Telemetry) spanEvent(ctx context.Context, e tenace.Event) {
 	if !span.IsRecording() {
 		return
 	}
-	attrs := make([]attribute.KeyValue, 0, 5)
+	attrs := make([]attribute.KeyValue, 0, 6)
+	if t.name != "" {
+		attrs = append(attrs, NameKey.String(t.name))
+	}
 	if t.lockKey {
 		attrs = append(attrs, LockKeyKey.String(e.Key))
 	}
@@ -354,9 +414,10 @@ func tokenAttr(t uint64) attribute.KeyValue {
 	return TokenKey.Int64(int64(t))
 }
 
-// Step returns the step that runs each Execute in a span named
-// "tenace.execute" (kind internal), a child of the span in the caller's
-// context. The span's status is Error, with the error's message, when the
+// Step returns the step that runs each Execute in a span of kind internal,
+// a child of the span in the caller's context, named "tenace.execute" — or,
+// with WithName, "tenace.execute " and the name, with the name in the
+// attribute tenace.policy.name. The span's status is Error, with the error's message, when the
 // call returns an error (fn's own included: the span is the call's), and
 // Error, "panic", when it panics; the span still ends, the panic goes on up,
 // and an SDK that records panics (the OpenTelemetry SDK does by default)
@@ -367,11 +428,12 @@ type step struct{ t *Telemetry }
 
 // Run implements tenace.Strategy.
 func (s step) Run(ctx context.Context, x policy.Execution, next policy.Next) (err error) {
-	var opts []trace.SpanStartOption
+	opts := s.t.spanStart
 	if s.t.lockKey && x.Key() != "" {
-		opts = append(opts, trace.WithAttributes(attribute.String("tenace.key", x.Key())))
+		// A copy: spanStart is shared by every call.
+		opts = append(opts[:len(opts):len(opts)], trace.WithAttributes(attribute.String("tenace.key", x.Key())))
 	}
-	ctx, span := s.t.tracer.Start(ctx, "tenace.execute", append(opts, trace.WithSpanKind(trace.SpanKindInternal))...)
+	ctx, span := s.t.tracer.Start(ctx, s.t.spanName, opts...)
 	// End is deferred itself, not called from a deferred closure: only
 	// then can the SDK's End recover a panic in fn to record it (as an
 	// exception event) before it goes on up. The status is set first.

@@ -49,6 +49,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"tenace.dev/tenace/clock"
 )
 
 // ErrInvalidOption is wrapped by the errors that report an option out of its
@@ -129,7 +131,7 @@ func (x Execution) Key() string { return x.key }
 // Clock is the call's time source; never nil.
 func (x Execution) Clock() Clock {
 	if x.env == nil || x.env.clock == nil {
-		return SystemClock()
+		return clock.System()
 	}
 	return x.env.clock
 }
@@ -262,38 +264,20 @@ func (p Pipeline) Execute(ctx context.Context, key string, fn func(context.Conte
 	return Next{steps: p.steps, fn: fn, x: x}.Run(ctx)
 }
 
-// isSystem reports whether c is the system clock, for which the standard
-// library's own timers and deadlines are used directly.
-func isSystem(c Clock) bool {
-	_, ok := c.(systemClock)
-	return c == nil || ok
-}
-
-// IsSystemClock reports whether c is nil or [SystemClock](): then callers
-// can use the time package directly, which costs less than going through the
-// interface.
-func IsSystemClock(c Clock) bool { return isSystem(c) }
-
 // Clock is the time source of a pipeline and its steps, so that tests can
-// drive time. [SystemClock] is the real one; under testing/synctest it is
-// the bubble's fake time, which is often all a test needs.
-type Clock interface {
-	// Now returns the current time.
-	Now() time.Time
-	// AfterFunc calls f once d has passed, unless stop is called first;
-	// stop reports whether it prevented the call (the contract of
-	// time.Timer.Stop). The system clock calls f in its own goroutine; a
-	// test clock may call it on the goroutine that moves its time (as
-	// tenace's internal fake clock does), so f should not block.
-	AfterFunc(d time.Duration, f func()) (stop func() bool)
-}
+// drive time: [clock.Clock], declared in package clock so that a lock
+// provider can take one without importing the pipeline engine.
+type Clock = clock.Clock
 
-type systemClock struct{}
+// SystemClock returns the clock of package time: [clock.System]().
+//
+// Deprecated: use clock.System, from tenace.dev/tenace/clock, which a
+// lock provider can import without the pipeline engine.
+func SystemClock() Clock { return clock.System() }
 
-func (systemClock) Now() time.Time { return time.Now() }
-func (systemClock) AfterFunc(d time.Duration, f func()) func() bool {
-	return time.AfterFunc(d, f).Stop
-}
-
-// SystemClock returns the clock of package time.
-func SystemClock() Clock { return systemClock{} }
+// IsSystemClock reports whether c is nil or the system clock:
+// [clock.IsSystem].
+//
+// Deprecated: use clock.IsSystem, from tenace.dev/tenace/clock, which a
+// lock provider can import without the pipeline engine.
+func IsSystemClock(c Clock) bool { return clock.IsSystem(c) }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"tenace.dev/tenace/clock"
 	"tenace.dev/tenace/policy"
 )
 
@@ -34,7 +35,7 @@ func TestPipelinesBuiltFromOneBaseDoNotShareListenersOrClock(t *testing.T) {
 	}
 	base := policy.Pipeline{}.With(emitter{&clocks}).OnEvent(listen("base"))
 	withB := base.OnEvent(listen("b"))
-	withClock := base.WithClock(fixedClock{policy.SystemClock()})
+	withClock := base.WithClock(fixedClock{clock.System()})
 	noop := func(context.Context) error { return nil }
 
 	for _, c := range []struct {
@@ -58,6 +59,6 @@ func TestPipelinesBuiltFromOneBaseDoNotShareListenersOrClock(t *testing.T) {
 	// The zero pipeline: system clock, no listeners.
 	var x policy.Execution
 	require.False(t, x.HasListeners())
-	require.True(t, policy.IsSystemClock(x.Clock()))
+	require.True(t, clock.IsSystem(x.Clock()))
 	x.Emit(policy.Event{Name: "nobody listens"})
 }

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"tenace.dev/tenace/clock"
 	"tenace.dev/tenace/internal/keyfmt"
 )
 
@@ -111,7 +112,7 @@ func (t *Timeout) Run(ctx context.Context, x Execution, next Next) error {
 		return fmt.Errorf("%w: WithTimeout(%v): the duration must be positive", ErrInvalidOption, t.d)
 	}
 	own := &ownDeadline{d: t.d}
-	inner, cancel := WithTimeoutCause(ctx, x.Clock(), t.d, own)
+	inner, cancel := clock.WithTimeoutCause(ctx, x.Clock(), t.d, own)
 	defer cancel() // also when the inner steps panic: the timer goes
 	fn := next.fn
 	next.fn = func(ctx context.Context) error {
@@ -130,49 +131,10 @@ func (t *Timeout) Run(ctx context.Context, x Execution, next Next) error {
 	return terr
 }
 
-// WithTimeoutCause is context.WithTimeoutCause on clock: the returned
-// context ends when ctx does or once d has passed on clock, with cause as
-// its cause (context.Cause) in the second case. With the system clock it is
-// context.WithTimeoutCause itself. With another clock the context reports
-// the clock's deadline from Deadline and context.DeadlineExceeded from Err
-// once the clock fires; contexts derived from it report context.Canceled.
-// As with context.WithTimeoutCause, a nil cause means
-// context.DeadlineExceeded, and a d that is not positive has passed
-// already. Always call cancel.
-func WithTimeoutCause(ctx context.Context, clock Clock, d time.Duration, cause error) (context.Context, context.CancelFunc) {
-	if isSystem(clock) {
-		return context.WithTimeoutCause(ctx, d, cause)
-	}
-	if cause == nil {
-		// Err compares the cause with it: nil would match a context
-		// that has not ended.
-		cause = context.DeadlineExceeded
-	}
-	inner, cancel := context.WithCancelCause(ctx)
-	if d <= 0 {
-		cancel(cause)
-		return &clockDeadlineCtx{Context: inner, deadline: clock.Now().Add(d), cause: cause}, func() { cancel(context.Canceled) }
-	}
-	stop := clock.AfterFunc(d, func() { cancel(cause) })
-	return &clockDeadlineCtx{Context: inner, deadline: clock.Now().Add(d), cause: cause}, func() {
-		stop()
-		cancel(context.Canceled)
-	}
-}
-
-// clockDeadlineCtx is a cancel context ended by a Clock's timer; it reports
-// the clock's deadline, and DeadlineExceeded once the timer fired.
-type clockDeadlineCtx struct {
-	context.Context
-	deadline time.Time
-	cause    error
-}
-
-func (c *clockDeadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }
-
-func (c *clockDeadlineCtx) Err() error {
-	if context.Cause(c.Context) == c.cause {
-		return context.DeadlineExceeded
-	}
-	return c.Context.Err()
+// WithTimeoutCause is [clock.WithTimeoutCause]: a context that ends when
+// ctx does or once d has passed on c, with cause as its cause.
+//
+// Deprecated: use clock.WithTimeoutCause, from tenace.dev/tenace/clock.
+func WithTimeoutCause(ctx context.Context, c Clock, d time.Duration, cause error) (context.Context, context.CancelFunc) {
+	return clock.WithTimeoutCause(ctx, c, d, cause)
 }
