@@ -32,8 +32,8 @@ func TestALockExcludesFromOutside(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			err := p.Execute(context.Background(), func(ctx context.Context) error {
-				if _, ok := tenace.LeaseFrom(ctx); !ok {
-					return errors.New("no lease inside fn")
+				if _, ok := tenace.TokenFrom(ctx); !ok {
+					return errors.New("no fencing token inside fn")
 				}
 				mu.Lock()
 				inside++
