@@ -47,11 +47,11 @@ func TestFenceAdmitsTheHighestTokenAndRefusesLower(t *testing.T) {
 // 24, item 5, and its fix. Clients increment a counter in PostgreSQL, each
 // holding a pglock lock from its read to its write, while the test
 // terminates lock-holding backends (pg_terminate_backend) under them, so
-// that a holder that lost its lock goes on to write. On one run in four the
-// test holds the deposed holder's write until the next holder has read, and
-// lets it land between that holder's read and its write (the interleaving
-// that broke the write-only guard); on another in four it lets the deposed
-// holder write at once, racing the next holder. porcupine checks each
+// that a holder that lost its lock goes on to write. On one run in eight
+// the test holds the deposed holder's write until the next holder has read,
+// and lets it land between that holder's read and its write (the
+// interleaving that broke the write-only guard); on another in eight it
+// lets the deposed holder write at once, racing the next holder. porcupine checks each
 // history, every read-modify-write one operation on a counter.
 //
 //   - fenced on every access (Fence in the read's transaction and in the
@@ -124,10 +124,11 @@ func fenceDB(t *testing.T) *pgxpool.Pool {
 // The counter and its model. Every read-modify-write is one operation: the
 // value it read, and whether its write of that value + 1 was acknowledged.
 
-// registerOps is how many read-modify-writes a run does, among
-// registerClients clients; every registerFaultEvery-th run deposes its
-// holder after the read, holding its write until the next holder has read,
-// and every such run plus half that deposes it and lets it write at once.
+// registerOps is how many read-modify-writes a test does, among
+// registerClients clients; every registerFaultEvery-th one deposes its
+// holder after the read and holds its write until the next holder has read,
+// and the one halfway between two of them deposes its holder and lets it
+// write at once.
 const (
 	registerOps        = 160
 	registerClients    = 4
