@@ -12,6 +12,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -41,6 +42,91 @@ func TestFenceAdmitsTheHighestTokenAndRefusesLower(t *testing.T) {
 	var highest int64
 	require.NoError(t, db.QueryRow(bg, `SELECT token FROM tenace_fences WHERE resource = $1`, resource).Scan(&highest))
 	require.EqualValues(t, 7, highest, "a refused token leaves the fence as it was")
+}
+
+// TestFenceMakesAConcurrentAccessWaitForTheOneBefore: Fence locks the
+// resource's row until its transaction ends, so a fenced read that comes
+// while a fenced write is uncommitted waits, and then sees the write (READ
+// COMMITTED) or fails with a serialization error (REPEATABLE READ) — never
+// the value from before the write. A stale write that waited is refused
+// once the newer read has committed.
+func TestFenceMakesAConcurrentAccessWaitForTheOneBefore(t *testing.T) {
+	db := fenceDB(t)
+	_, err := db.Exec(bg, `CREATE TABLE IF NOT EXISTS fence_register (id text PRIMARY KEY, value bigint NOT NULL)`)
+	require.NoError(t, err)
+	for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead} {
+		t.Run(string(iso), func(t *testing.T) {
+			key := keyOf(t, "r")
+			_, err := db.Exec(bg, `INSERT INTO fence_register VALUES ($1, 0)`, key)
+			require.NoError(t, err)
+			write, err := db.Begin(bg)
+			require.NoError(t, err)
+			defer func() { _ = write.Rollback(bg) }()
+			require.NoError(t, pglock.Fence(bg, write, key, 5))
+			_, err = write.Exec(bg, `UPDATE fence_register SET value = 1 WHERE id = $1`, key)
+			require.NoError(t, err)
+
+			type readResult struct {
+				v   int64
+				err error
+			}
+			read := make(chan readResult, 1) // the goroutine never blocks on it
+			go func() {
+				var v int64
+				err := pgx.BeginTxFunc(bg, db, pgx.TxOptions{IsoLevel: iso}, func(tx pgx.Tx) error {
+					if err := pglock.Fence(bg, tx, key, 6); err != nil {
+						return err
+					}
+					return tx.QueryRow(bg, `SELECT value FROM fence_register WHERE id = $1`, key).Scan(&v)
+				})
+				read <- readResult{v, err}
+			}()
+			waitForFenceWaiters(t, db, 1)
+			require.NoError(t, write.Commit(bg))
+			got := <-read
+			if iso == pgx.ReadCommitted {
+				require.NoError(t, got.err)
+				require.EqualValues(t, 1, got.v, "the read that waited sees the write it waited for")
+
+				newer, err := db.Begin(bg)
+				require.NoError(t, err)
+				defer func() { _ = newer.Rollback(bg) }()
+				require.NoError(t, pglock.Fence(bg, newer, key, 7))
+				stale := make(chan error, 1) // the goroutine never blocks on it
+				go func() {
+					stale <- pgx.BeginFunc(bg, db, func(tx pgx.Tx) error { return pglock.Fence(bg, tx, key, 6) })
+				}()
+				waitForFenceWaiters(t, db, 1)
+				require.NoError(t, newer.Commit(bg))
+				require.ErrorIs(t, <-stale, pglock.ErrStaleToken, "an older token that waited is refused once the newer one committed")
+			} else {
+				var pgErr *pgconn.PgError
+				require.ErrorAs(t, got.err, &pgErr)
+				require.Equal(t, "40001", pgErr.Code, "a serialization failure, to retry")
+			}
+		})
+	}
+}
+
+// waitForFenceWaiters waits until n sessions wait for a row lock on the
+// fence table. No event tells when a statement waits for a lock, so this
+// asks pg_stat_activity until it says so (as PostgreSQL's own isolation
+// tester does), within 20 s.
+func waitForFenceWaiters(t *testing.T, db *pgxpool.Pool, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var waiting int
+		require.NoError(t, db.QueryRow(bg, `SELECT count(*) FROM pg_stat_activity
+WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO tenace_fences%'`).Scan(&waiting))
+		if waiting == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sessions wait for the fence's row lock, not %d, after 20s", waiting, n)
+		}
+		time.Sleep(5 * time.Millisecond) // polling interval, not synchronisation
+	}
 }
 
 // TestFenceOnEveryAccessKeepsARegisterLinearizable is the finding of issue
