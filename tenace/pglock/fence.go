@@ -66,8 +66,9 @@ var ErrStaleToken = fmt.Errorf("pglock: stale fencing token, the resource has ad
 // fails with a serialization error instead (retry it, as such errors ask).
 // The table must exist (FenceSchema). resource is any valid UTF-8 text
 // without NUL. A token above the bigint range is refused with an error.
-// Fence works with any provider's tokens that increase per resource, not
-// only pglock's; FenceSQL is the same check as SQL.
+// Fence takes any provider's tokens, as long as one lock (one provider,
+// one key) guards the resource: tokens of different locks do not compare.
+// FenceSQL is the same check as SQL.
 func Fence(ctx context.Context, tx pgx.Tx, resource string, token uint64) error {
 	if token > math.MaxInt64 {
 		return fmt.Errorf("pglock: Fence: token %d does not fit the fence table's bigint; PostgreSQL tokens never exceed it, so pass the lease's own Token", token)
