@@ -46,6 +46,14 @@
 //     replication is synchronous. WithoutFencing drops them, and with them
 //     the grant's write.
 //
+// A token protects a resource that checks it on every access: a read raises
+// the highest token the resource has seen and refuses a lower one, a write
+// refuses a token lower than the highest seen. Checked on writes alone, a
+// read-modify-write still loses updates: a holder whose session ended under
+// it can write between the new holder's read and its write. For data in
+// PostgreSQL, Fence is that check, run in the transaction of every read and
+// write (FenceSchema, the table; FenceSQL, the statement).
+//
 // Costs: an acquire is one round trip (three on a key's first use) and, with
 // fencing, a write transaction — a WAL flush per grant (committed
 // synchronously, see above); a release is one round trip. A held lease costs a

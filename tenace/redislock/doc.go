@@ -111,9 +111,13 @@
 //     max(counter + 1, the server's TIME in µs). The limit: a server clock
 //     stepped back, or a replica's clock behind the old primary's by more
 //     than the failover took, can hand out a token below one already used.
-//     A resource that records the highest token it accepted and refuses
-//     lower ones stays safe when a paused or expired holder writes late. The
-//     counters are kept (an expiring counter would restart): one small string
+//     A token protects a resource that checks it on every access: a read
+//     raises the highest token the resource has seen and refuses a lower
+//     one, a write refuses a token lower than the highest seen. Checked on
+//     writes alone, a read-modify-write still loses updates when a paused or
+//     expired holder writes late: its write lands between the new holder's
+//     read and its write. FencedGet and FencedSet are that guard for data in
+//     Redis (FenceLua, the script, for other clients). The counters are kept (an expiring counter would restart): one small string
 //     key, about 70 bytes, per lock key ever used. Tokens are below 2^53.
 //   - Expiry: the lease's Lost fires no later than the server can drop the
 //     key: each expiry the server is told (the window, or what is left of
