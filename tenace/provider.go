@@ -53,10 +53,15 @@ type LockLease interface {
 
 // FencedLease is a lease that carries a fencing token: a number that
 // strictly increases, grant after grant, for the same key. A resource that
-// remembers the highest token it has seen can refuse a write from a holder
-// whose lease has been superseded (a paused process, an expired distributed
-// lock). MemoryLockProvider's leases implement it. Inside fn, TokenFrom
-// reads the token of the lease a Lock holds.
+// checks it on every access can refuse a holder whose lease has been
+// superseded (a paused process, an expired distributed lock): a read raises
+// the highest token the resource has seen and refuses a lower one, a write
+// refuses a token lower than the highest seen. Checking writes alone is not
+// enough: a stale holder's write can still land between the new holder's
+// read and its write, and lose an update. pglock.Fence and
+// redislock.FencedGet/FencedSet are such guards. MemoryLockProvider's leases
+// implement FencedLease. Inside fn, TokenFrom reads the token of the lease a
+// Lock holds.
 type FencedLease interface {
 	LockLease
 	Token() uint64
