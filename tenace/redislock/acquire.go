@@ -117,12 +117,12 @@ func validate(key string, opts tenace.LockAcquireOptions) error {
 // failure (lock.failed), not as contention (lock.rejected). How a try in
 // flight at the Timeout is judged: it has 20ms more (lateReply) for its
 // reply, which then decides (a grant is returned; "held" is (nil, nil));
-// without one, a first try is ErrNoReply (asked once more if this process
-// itself was starved of CPU past that deadline: a socket read past its
-// deadline fails even with the reply in the buffer), and a retry — the
-// server has already answered "held" — is part of the wait, (nil, nil),
-// unless it had gone unanswered for 200ms (the server stalled during the
-// wait: ErrNoReply). So on a stalled server Acquire returns within Timeout
+// without one, a first try is ErrNoReply (asked once more, for 10ms, if
+// this process itself was starved of CPU for 25ms past that deadline: a
+// socket read past its deadline fails even with the reply in the buffer),
+// and a retry — the server has already answered "held" — is part of the
+// wait, (nil, nil), unless it had gone unanswered for 200ms (the server
+// stalled during the wait: ErrNoReply). So on a stalled server Acquire returns within Timeout
 // + 20ms and this process's scheduling latency.
 //
 // opts.Timeout bounds the whole call, Redis calls included: each call gets
@@ -254,7 +254,7 @@ const retrySilence = 200 * time.Millisecond
 // pause): the reply may have come in time and been left unread, since a
 // socket read past its deadline fails even with the reply in the buffer.
 // The try is then asked again once (recheck).
-const starvedBy = 20 * time.Millisecond
+const starvedBy = 25 * time.Millisecond
 
 // starved reports whether a first try that failed with err was cut short
 // by its own deadline (lateReply after the Timeout, on the system clock)
@@ -274,10 +274,12 @@ func starved(w waitCtx, err error) bool {
 	return time.Since(d) > starvedBy
 }
 
-// recheck runs the attempt's script once more, with lateReply for its
-// answer: see starved.
+// recheck runs the attempt's script once more, with half of lateReply for
+// its answer (a live server answers in well under a millisecond; the
+// bound on a stalled one is already stretched by the starvation): see
+// starved.
 func (a *attempt) recheck(w waitCtx) (*lease, time.Duration, error) {
-	ctx, cancel := context.WithTimeout(w.caller, lateReply)
+	ctx, cancel := context.WithTimeout(w.caller, lateReply/2)
 	defer cancel()
 	return a.try(ctx)
 }
