@@ -137,8 +137,12 @@ func TestAVoidThatKeepsFailingHoldsUpNoOther(t *testing.T) {
 		return c.Exists(bg, "tenace:lock:{victim}").Val() == 0 && c.Exists(bg, "tenace:lock:{victim}:fence").Val() == 1
 	})
 	t.Logf("victim freed %v after SIGCONT, with a void that keeps failing pending (window 5s)", time.Since(from).Round(time.Millisecond))
-	pending, _ := redislock.PendingVoids(p)
-	require.Equal(t, 1, pending, "the poisoned key's void, retried still (its first expiry, 5 s, has not passed)")
+	// The janitor's goroutine drops the victim's entry once it has read
+	// the void's reply, which may come after the test saw the key gone.
+	within(t, 2*time.Second, "the poisoned key's void alone pending, retried still (its first expiry, 5 s, has not passed)", func() bool {
+		pending, _ := redislock.PendingVoids(p)
+		return pending == 1
+	})
 }
 
 // A void that keeps failing with an error reply is dropped once the key

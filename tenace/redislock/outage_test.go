@@ -71,28 +71,31 @@ func timerLateness(d time.Duration) func() time.Duration {
 
 // withinBound runs measure (which returns how long the call it times took,
 // and how late a bare timer armed beside it ran) up to three times, and
-// passes on the first whose call took less than bound plus that lateness.
-// The machine's load only adds to a time, so the best of three tells the
-// provider's own bound; every figure is logged.
+// passes on the first whose call took less than bound plus twice that
+// lateness: a call that ends past the Timeout waits for two wake-ups the
+// machine can delay (its try's deadline, then its return; a recheck adds
+// a third), a bare timer for one. The machine's load only adds to a time,
+// so the best of three tells the provider's own bound; every figure is
+// logged.
 func withinBound(t *testing.T, what string, bound time.Duration, measure func(i int) (took, lateness time.Duration)) {
 	t.Helper()
 	var seen []string
 	for i := range 3 {
 		took, lateness := measure(i)
 		seen = append(seen, fmt.Sprintf("%v (a bare timer %v late)", took.Round(100*time.Microsecond), lateness.Round(100*time.Microsecond)))
-		if took < bound+lateness {
+		if took < bound+2*lateness {
 			t.Logf("%s returned after %s; bound %v", what, strings.Join(seen, ", then "), bound)
 			return
 		}
 	}
-	t.Fatalf("%s returned after %s: past its bound, %v, plus the timer's lateness, three times", what, strings.Join(seen, ", then "), bound)
+	t.Fatalf("%s returned after %s: past its bound, %v, plus twice the timer's lateness, three times", what, strings.Join(seen, ", then "), bound)
 }
 
 // lockFails runs a Lock step on key with timeout and checks that it
 // failed as a provider failure (an *UnexpectedError, events lock.acquiring
-// then lock.failed), not as contention; it returns the error and how long
-// the step took.
-func lockFails(t *testing.T, p tenace.LockProvider, key string, timeout time.Duration) (error, time.Duration) {
+// then lock.failed), not as contention; it returns how long the step took
+// and the error.
+func lockFails(t *testing.T, p tenace.LockProvider, key string, timeout time.Duration) (time.Duration, error) {
 	t.Helper()
 	var mu sync.Mutex
 	var events []string
@@ -109,7 +112,7 @@ func lockFails(t *testing.T, p tenace.LockProvider, key string, timeout time.Dur
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, []string{"lock.acquiring", "lock.failed"}, events)
-	return err, took
+	return took, err
 }
 
 // timeoutName names a Timeout in a subtest.
@@ -160,7 +163,7 @@ func TestARefusedConnectionIsAnErrorAtOnce(t *testing.T) {
 				})
 				withinBound(t, "A Lock", bound, func(int) (time.Duration, time.Duration) {
 					late := timerLateness(bound)
-					err, took := lockFails(t, p, "k", timeout)
+					took, err := lockFails(t, p, "k", timeout)
 					require.ErrorIs(t, err, syscall.ECONNREFUSED)
 					return took, late()
 				})
@@ -205,7 +208,7 @@ func TestAStalledServerIsAnErrorWithinTheTimeout(t *testing.T) {
 			})
 			withinBound(t, "A Lock", timeout+outageSlack, func(i int) (time.Duration, time.Duration) {
 				late := timerLateness(timeout + redislock.LateReply)
-				err, took := lockFails(t, p, fmt.Sprintf("stall/lock%d", i), timeout)
+				took, err := lockFails(t, p, fmt.Sprintf("stall/lock%d", i), timeout)
 				require.ErrorIs(t, err, redislock.ErrNoReply)
 				return took, late()
 			})
@@ -317,7 +320,7 @@ func TestTheLossComesAMarginBeforeTheServerExpiry(t *testing.T) {
 		expiry := time.UnixMilli(int64(ms / time.Millisecond))
 		wg.Go(func() {
 			<-l.(tenace.LosableLease).Lost()
-			margins[i] = expiry.Sub(time.Now())
+			margins[i] = time.Until(expiry)
 		})
 		t.Cleanup(func() { _ = l.Release(bg) })
 	}
