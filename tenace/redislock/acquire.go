@@ -462,9 +462,18 @@ func (a *attempt) failed(w waitCtx, err error, waiting bool) error {
 	if down := (*unreachableError)(nil); !errors.As(err, &down) || !down.unsent {
 		a.p.voids.add(a)
 	}
-	failure := fmt.Errorf("redislock: acquiring %s: %w", keyfmt.Quote(a.key), err)
 	var reply redis.Error
-	if errors.As(err, &reply) || isDialFailure(err) {
+	isReply := errors.As(err, &reply)
+	if !isReply && !isDialFailure(err) && w.caller.Err() == nil {
+		// No answer: before calling it silence, dial (a process starved
+		// of CPU may not have run the try's own probe in time). A stalled
+		// server's kernel accepts the connection; a dead one refuses it.
+		if down := a.p.dialNow(); down != nil {
+			err = down
+		}
+	}
+	failure := fmt.Errorf("redislock: acquiring %s: %w", keyfmt.Quote(a.key), err)
+	if isReply || isDialFailure(err) {
 		return a.outcome(w, failure, failure)
 	}
 	if waiting {
@@ -476,6 +485,26 @@ func (a *attempt) failed(w waitCtx, err error, waiting bool) error {
 	timedOut := fmt.Errorf("redislock: acquiring %s: %w within the %v Timeout (%v)", keyfmt.Quote(a.key), ErrNoReply, w.timeout, err)
 	return a.outcome(w, failure, timedOut)
 }
+
+// dialNow runs the provider's probe (if it has one) for at most probeWait,
+// and returns an *unreachableError if the dial failed other than by its
+// deadline; nil otherwise.
+func (p *Provider) dialNow() error {
+	if p.probe == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), probeWait)
+	defer cancel()
+	if err := p.probe(ctx); err != nil && !isTimeout(err) {
+		p.unreachable.Store(true)
+		return &unreachableError{err: err}
+	}
+	return nil
+}
+
+// probeWait bounds dialNow: a dial on loopback or a LAN is refused or
+// accepted in well under a millisecond.
+const probeWait = 10 * time.Millisecond
 
 // unreachableError is a dial to the server that failed (Provider.probe),
 // which ended a try: the server refuses connections or cannot be reached.
