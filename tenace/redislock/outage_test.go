@@ -221,6 +221,43 @@ func TestAStalledServerIsAnErrorWithinTheTimeout(t *testing.T) {
 	}
 }
 
+// tryLog records, through the ctx of one Acquire, what its tries of the
+// acquire script got: whether any was answered, and how long the last
+// unanswered one waited.
+type tryLog struct {
+	answered bool
+	silent   time.Duration
+}
+
+type tryLogKey struct{}
+
+// tryLogger is a hook that fills the tryLog in the ctx of each acquire
+// script call (the tries run with contexts derived from Acquire's ctx;
+// one Acquire's tries run one at a time).
+type tryLogger struct{}
+
+func (tryLogger) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (tryLogger) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		rec, _ := ctx.Value(tryLogKey{}).(*tryLog)
+		if n := cmd.Name(); rec == nil || (n != "evalsha" && n != "eval") || fmt.Sprint(cmd.Args()[2]) != "3" {
+			return next(ctx, cmd)
+		}
+		start := time.Now()
+		err := next(ctx, cmd)
+		var reply redis.Error
+		if err == nil || errors.As(err, &reply) { // NOSCRIPT, then EVAL: an answer too
+			rec.answered = true
+		} else {
+			rec.silent = time.Since(start)
+		}
+		return err
+	}
+}
+func (tryLogger) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
 // A held key is still (nil, nil) with short Timeouts, beside two CPU
 // burners: the server answered "held", and a try in flight at the Timeout
 // has lateReply to bring its answer (a retry, retrySilence; a first try
@@ -228,40 +265,43 @@ func TestAStalledServerIsAnErrorWithinTheTimeout(t *testing.T) {
 // with fallback retries 25-50ms apart (as the conformance suite's), so
 // that some tries are in flight as their Timeout passes.
 //
-// The one other outcome allowed is ErrNoReply, and only rarely: a first
-// try that the server (starved of CPU itself) did not answer within the
-// Timeout and lateReply: it never said "held", so (nil, nil) would not be
-// true. At load 16-29 on 2 cores (other work besides these burners and
-// -race), 0 to 5 in 100; a grant or any other error fails at once.
+// The one other outcome allowed is ErrNoReply, and only as the rule says:
+// when no try of that Acquire was answered (the server, starved of CPU
+// itself, left a first try unanswered past the Timeout and lateReply: it
+// never said "held", so (nil, nil) would not be true), or its last try
+// went unanswered for 200ms (retrySilence). A hook on the waiter's client
+// tells. At load 12-20 on 2 cores, beside the burners and -race, 0 to 15
+// Acquires in 100 were such.
 func TestAHeldKeyIsStillNotGrantedInTimeUnderLoad(t *testing.T) {
 	_, c := setup(t)
 	holder := newProvider(t, c)
 	held := mustAcquire(t, holder, "busy", tenace.LockAcquireOptions{TTL: time.Hour})
-	p := newProvider(t, deadlineClient(t, c.Options().Addr), redislock.WithRetryInterval(50*time.Millisecond))
+	wc := deadlineClient(t, c.Options().Addr)
+	wc.AddHook(tryLogger{})
+	p := newProvider(t, wc, redislock.WithRetryInterval(50*time.Millisecond))
 	burnCPU(t, 2)
 	var noReply atomic.Int64
-	var last atomic.Value
 	var wg sync.WaitGroup
 	timeouts := []time.Duration{tenace.NoWait, 20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond}
 	const rounds = 25
 	for _, timeout := range timeouts {
 		wg.Go(func() {
 			for range rounds {
-				l, err := p.Acquire(bg, "busy", tenace.LockAcquireOptions{Timeout: timeout})
-				if l != nil || err != nil && !errors.Is(err, redislock.ErrNoReply) {
-					t.Errorf("Timeout %s on a held key: (%v, %v), want (nil, nil)", timeoutName(timeout), l, err)
-				}
-				if err != nil {
+				rec := &tryLog{}
+				l, err := p.Acquire(context.WithValue(bg, tryLogKey{}, rec), "busy", tenace.LockAcquireOptions{Timeout: timeout})
+				switch {
+				case l == nil && err == nil:
+				case l == nil && errors.Is(err, redislock.ErrNoReply) && (!rec.answered || rec.silent >= 200*time.Millisecond):
 					noReply.Add(1)
-					last.Store(err.Error())
+				default:
+					t.Errorf("Timeout %s on a held key: (%v, %v) (a try answered: %v; the last unanswered one waited %v), want (nil, nil)",
+						timeoutName(timeout), l, err, rec.answered, rec.silent)
 				}
 			}
 		})
 	}
 	wg.Wait()
-	n := rounds * len(timeouts)
-	t.Logf("%d acquires of a held key beside two CPU burners: %d not (nil, nil) but ErrNoReply (last: %v)", n, noReply.Load(), last.Load())
-	require.LessOrEqual(t, noReply.Load(), int64(n/10), "a held key is (nil, nil) but for a first try the server itself left unanswered")
+	t.Logf("%d acquires of a held key beside two CPU burners: %d ErrNoReply, each with no try answered (or the last unanswered for 200ms); the rest (nil, nil)", rounds*len(timeouts), noReply.Load())
 	require.NoError(t, held.Release(bg))
 }
 
