@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"net"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -101,22 +102,32 @@ func validate(key string, opts tenace.LockAcquireOptions) error {
 // nil) when not granted within opts.Timeout — the server answered that
 // another call holds key and the wait for its release ran out (with
 // NoWait, at once on that answer); (nil, ctx's error) when ctx ends first,
-// also when it ends during a Redis call; (nil, err) when Redis fails, at
-// once.
+// also when it ends during a Redis call; (nil, err) when Redis fails.
 //
-// A Timeout that passes on a try the server has left unanswered for 250ms
-// or more (a stalled server, or one that refuses connections while
-// go-redis retries the dial) is not "held by another": Acquire returns an
-// error wrapping ErrNoReply that names key and the Timeout (`redislock:
-// acquiring "k": no reply from Redis within the 700ms Timeout (context
-// deadline exceeded)`), which a Lock reports as a provider failure
-// (lock.failed), not as contention. A try cut short sooner is taken for part of the wait, (nil,
-// nil): a healthy server answers in well under a millisecond, but a loaded
-// machine can hold a goroutine back for tens of milliseconds, and a
-// Timeout shorter than a round trip cannot tell a slow answer from none.
+// An outage is an error, never (nil, nil): a server that refuses
+// connections or cannot be reached, or answers with an error, fails the
+// call at once, whatever the Timeout (NoWait included), with an error that
+// wraps the cause (errors.Is(err, syscall.ECONNREFUSED) holds for a
+// refused connection: a try that has had no reply for 5ms dials the
+// server itself, on a *redis.Client, rather than wait for go-redis's dial
+// retries); and a server reached but silent until the Timeout returns an
+// error wrapping ErrNoReply (and tenace.ErrNoReply) that names key and the
+// Timeout (`redislock: acquiring "k": no reply from Redis within the 700ms
+// Timeout (context deadline exceeded)`). A Lock reports both as a provider
+// failure (lock.failed), not as contention (lock.rejected). How a try in
+// flight at the Timeout is judged: it has 20ms more (lateReply) for its
+// reply, which then decides (a grant is returned; "held" is (nil, nil));
+// without one, a first try is ErrNoReply (asked once more, for 10ms, if
+// this process itself was starved of CPU for 25ms past that deadline: a
+// socket read past its deadline fails even with the reply in the buffer),
+// and a retry — the server has already answered "held" — is part of the
+// wait, (nil, nil), unless it had gone unanswered for 200ms (the server
+// stalled during the wait: ErrNoReply). So on a stalled server Acquire returns within Timeout
+// + 20ms and this process's scheduling latency.
 //
 // opts.Timeout bounds the whole call, Redis calls included: each call gets
-// a context that ends at the timeout (and at ctx's end), which go-redis
+// a context that ends at the timeout (a try of the acquire script, 20ms
+// after it) and at ctx's end, which go-redis
 // honours only on a client with ContextTimeoutEnabled (see CheckClient).
 // With an opts.Clock other than the system's, the timeout runs on that
 // clock and ends the calls when it fires; their socket deadlines come from
@@ -168,15 +179,28 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	}
 	actx, cancel := tenace.AcquireContext(ctx, opts)
 	defer cancel()
-	w := waitCtx{caller: ctx, acq: actx, call: actx, timeout: opts.Timeout}
+	w := waitCtx{caller: ctx, acq: actx, call: actx, try: actx, timeout: opts.Timeout}
 	if !policy.IsSystemClock(opts.Clock) {
 		// actx's deadline is on opts.Clock, and go-redis would take it for
 		// a real one (with a clock behind real time every call would time
-		// out at once): the calls get ctx's deadline, and end with actx.
+		// out at once): the calls get ctx's deadline, and end with actx;
+		// a try, lateReply after the Timeout.
 		call, cancelCall := context.WithCancel(ctx)
-		stop := context.AfterFunc(actx, cancelCall)
-		defer func() { stop(); cancelCall() }()
-		w.call = call
+		try, cancelTry := context.WithCancel(ctx)
+		stop := context.AfterFunc(actx, func() {
+			cancelCall()
+			if tenace.TimedOut(ctx, actx) {
+				time.AfterFunc(lateReply, cancelTry)
+			} else {
+				cancelTry()
+			}
+		})
+		defer func() { stop(); cancelCall(); cancelTry() }()
+		w.call, w.try = call, try
+	} else if d, ok := actx.Deadline(); ok && opts.Timeout > 0 {
+		try, cancelTry := context.WithDeadline(ctx, d.Add(lateReply))
+		defer cancelTry()
+		w.try = try
 	}
 	l, err := p.acquire(w, p.newAttempt(key, ttl), opts.Timeout == tenace.NoWait)
 	if l == nil {
@@ -187,25 +211,107 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 
 // waitCtx is one Acquire's contexts: caller is the caller's ctx; acq ends
 // with it or at the Timeout, on the options' Clock (tenace.AcquireContext);
-// call is what each Redis call gets: acq itself on the system clock, whose
+// call is what the subscription gets: acq itself on the system clock, whose
 // deadline go-redis turns into socket deadlines; with another clock, a
-// context with the caller's (real) deadline that ends when acq does.
-// timeout is the call's Timeout, for the error that says no answer came
-// within it.
+// context with the caller's (real) deadline that ends when acq does. try
+// is what each try of the acquire script gets: like call, but it ends
+// lateReply after the Timeout (with the caller's ctx, at once), so that a
+// try in flight at the Timeout can still bring its reply. timeout is the
+// call's Timeout, for the error that says no answer came within it.
 type waitCtx struct {
-	caller, acq, call context.Context
-	timeout           time.Duration
+	caller, acq, call, try context.Context
+	timeout                time.Duration
 }
+
+// lateReply is how long after the Timeout a try in flight may still bring
+// its reply, which then decides (a grant, or (nil, nil) on "held"); a try
+// without a reply by then is an outage (ErrNoReply). A healthy server
+// answers in well under a millisecond, but on a loaded machine the reply
+// of a try sent just before the Timeout can be read a few milliseconds
+// after it; 20ms covers a Go scheduler's time slice (10ms) twice, and
+// keeps Acquire within Timeout + 50ms on a stalled server, the bound the
+// package promises, with 30ms for the goroutine to run after it.
+const lateReply = 20 * time.Millisecond
+
+// retrySilence is how long a retry (a try after the server answered
+// "held" in the same Acquire) may have gone unanswered when the Timeout,
+// and lateReply after it, cut it short, and still count as part of the
+// wait, (nil, nil): the server did answer within the Timeout that the key
+// is held, which is what (nil, nil) says. A retry left unanswered longer
+// means the server stalled during the wait: an error wrapping ErrNoReply.
+// Waiters retry often (after their subscription is confirmed, on each
+// release message, on the fallback timer), and on a loaded machine (2
+// cores at load 16-29, two CPU burners, -race) retries in flight at the
+// Timeout went unread for more than lateReply, and at 100ms still for
+// several acquires in a hundred of a held key: each would have been
+// reported as an outage. A first try has no such allowance: the server has
+// not answered at all.
+const retrySilence = 200 * time.Millisecond
+
+// starvedBy is how late, past a first try's deadline, this process may
+// see the try fail and still take the failure as the server's silence.
+// Later than that, the process was starved of CPU (a loaded machine, a GC
+// pause): the reply may have come in time and been left unread, since a
+// socket read past its deadline fails even with the reply in the buffer.
+// The try is then asked again once (recheck).
+const starvedBy = 25 * time.Millisecond
+
+// starved reports whether a first try that failed with err was cut short
+// by its own deadline (lateReply after the Timeout, on the system clock)
+// more than starvedBy before this process saw it fail.
+func starved(w waitCtx, err error) bool {
+	d, ok := w.try.Deadline()
+	if !ok || w.caller.Err() != nil {
+		return false
+	}
+	if cd, ok := w.caller.Deadline(); ok && !cd.After(d) {
+		return false // the caller's deadline: its error, not a verdict
+	}
+	var reply redis.Error
+	if errors.As(err, &reply) || isDialFailure(err) {
+		return false
+	}
+	return time.Since(d) > starvedBy
+}
+
+// recheck runs the attempt's script once more, with half of lateReply for
+// its answer (a live server answers in well under a millisecond; the
+// bound on a stalled one is already stretched by the starvation): see
+// starved.
+func (a *attempt) recheck(w waitCtx) (*lease, time.Duration, error) {
+	ctx, cancel := context.WithTimeout(w.caller, lateReply/2)
+	defer cancel()
+	return a.try(ctx)
+}
+
+// probeAfter is how long a try may go without a reply before Acquire dials
+// the server itself (see Provider.probe): a dial that fails (connection
+// refused, no route) ends the try at once with that error, instead of after
+// go-redis's own dial retries (about 2s with its defaults).
+const probeAfter = 5 * time.Millisecond
 
 // acquire: see waitCtx.
 func (p *Provider) acquire(w waitCtx, a *attempt, noWait bool) (*lease, error) {
-	sent := time.Now()
-	l, holderTTL, err := a.try(w.call)
+	l, holderTTL, err := a.try(w.try)
+	if err != nil && starved(w, err) {
+		// Read too late to tell: ask again, as the same attempt (a grant
+		// by the first try is found and returned). A copy of the first
+		// try may still run after this one's answer: voided, unless this
+		// one was granted.
+		if l, holderTTL, err = a.recheck(w); err == nil && l == nil {
+			a.p.voids.add(a)
+		}
+	}
 	if err != nil {
-		return nil, a.failed(w, err, noreply.Unanswered(w.call, sent) < noreply.Grace)
+		return nil, a.failed(w, err, false)
 	}
 	if l != nil || noWait {
 		return l, nil
+	}
+	if w.acq.Err() != nil {
+		// The reply came after the Timeout (within lateReply) or ctx
+		// ended: "held", or ctx's error.
+		return nil, a.outcome(w, nil, nil)
 	}
 
 	// Subscribe first, then try again: a release between the first try and
@@ -241,9 +347,12 @@ func (p *Provider) acquire(w waitCtx, a *attempt, noWait bool) (*lease, error) {
 		case <-p.closing:
 			return nil, errClosed
 		}
-		sent = time.Now()
-		if l, holderTTL, err = a.try(w.call); err != nil {
-			return nil, a.failed(w, err, noreply.Unanswered(w.call, sent) < noreply.Grace)
+		if w.acq.Err() != nil { // ended as another case was chosen
+			return nil, a.outcome(w, nil, nil)
+		}
+		sent := time.Now()
+		if l, holderTTL, err = a.try(w.try); err != nil {
+			return nil, a.failed(w, err, noreply.Unanswered(w.try, sent) < retrySilence)
 		}
 		if l != nil {
 			acquired = true
@@ -269,7 +378,43 @@ func (p *Provider) nextWait(holderTTL time.Duration) time.Duration {
 }
 
 // try runs the acquire script once (go-redis may send it more than once).
+// If no reply has come probeAfter after the send, it dials the server
+// itself (Provider.probe): a dial that fails ends the try with an
+// *unreachableError. Once a dial has failed, the next tries dial first,
+// and send nothing if that fails, until one gets through.
 func (a *attempt) try(ctx context.Context) (*lease, time.Duration, error) {
+	p := a.p
+	probe := p.probe
+	if probe == nil {
+		return a.tryOn(ctx)
+	}
+	if p.unreachable.Load() {
+		if err := probe(ctx); err != nil && !isTimeout(err) && ctx.Err() == nil {
+			return nil, 0, &unreachableError{err: err, unsent: true}
+		}
+	}
+	tctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	t := time.AfterFunc(probeAfter, func() {
+		if err := probe(tctx); err != nil && !isTimeout(err) && tctx.Err() == nil {
+			cancel(&unreachableError{err: err})
+		}
+	})
+	defer t.Stop()
+	l, holderTTL, err := a.tryOn(tctx)
+	var down *unreachableError
+	switch {
+	case err != nil && errors.As(context.Cause(tctx), &down):
+		p.unreachable.Store(true)
+		return nil, 0, down
+	case err == nil && p.unreachable.Load():
+		p.unreachable.Store(false)
+	}
+	return l, holderTTL, err
+}
+
+// tryOn runs the acquire script once with ctx, and reads its reply.
+func (a *attempt) tryOn(ctx context.Context) (*lease, time.Duration, error) {
 	start := time.Now() // before the send: the local expiry is never after Redis's
 	res, err := a.run(ctx)
 	if err != nil {
@@ -302,33 +447,93 @@ const outcomeWait = time.Second
 
 // failed handles a try that returned err: the script may have run, or may
 // yet run, so the token is voided in the background; then it reports.
-// graced says the try was cut short less than noreply.Grace after it was
-// sent (noreply.Unanswered).
 //
-// When the Timeout ended the try (or passed as it failed), the server has
-// not answered it: that is reported as an error that says so, not as (nil,
-// nil), which says another call holds the key and which a Lock reports as
-// contention (lock.rejected) rather than a failure. Two exceptions: an
-// error reply (a redis.Error) is the server's answer and is returned as
-// itself; and a graced try, cut short too soon to call the server
-// unresponsive, counts as part of the wait: (nil, nil).
-func (a *attempt) failed(w waitCtx, err error, graced bool) error {
-	a.p.voids.add(a)
-	failure := fmt.Errorf("redislock: acquiring %s: %w", keyfmt.Quote(a.key), err)
-	var timedOut error // what the Timeout's end makes of it
-	var reply redis.Error
-	switch {
-	case errors.As(err, &reply):
-		timedOut = failure // the server's answer, whatever the Timeout
-	case graced:
-		timedOut = nil // part of the wait: not granted in time
-	default:
-		// err is most often the Timeout's own context.DeadlineExceeded:
-		// quoted, not wrapped, so that errors.Is(err,
-		// context.DeadlineExceeded) stays the caller's ctx's (SPEC).
-		timedOut = fmt.Errorf("redislock: acquiring %s: %w within the %v Timeout (%v)", keyfmt.Quote(a.key), ErrNoReply, w.timeout, err)
+// The rule: (nil, nil) only when the server answered "held". An error
+// reply (a redis.Error) is the server's answer, and a failed dial (the
+// server refuses connections or cannot be reached) the proof that there
+// is none: both are returned as themselves, at once, whatever the
+// Timeout. A try the Timeout (and lateReply after it) cut short is an
+// error wrapping ErrNoReply, not (nil, nil), which says another call holds
+// the key and which a Lock reports as contention (lock.rejected) rather
+// than a failure — unless waiting says it is a retry, after the server
+// answered "held", cut short less than retrySilence after it was sent: then
+// part of the wait, (nil, nil).
+func (a *attempt) failed(w waitCtx, err error, waiting bool) error {
+	if down := (*unreachableError)(nil); !errors.As(err, &down) || !down.unsent {
+		a.p.voids.add(a)
 	}
+	var reply redis.Error
+	isReply := errors.As(err, &reply)
+	if !isReply && !isDialFailure(err) && w.caller.Err() == nil {
+		// No answer: before calling it silence, dial (a process starved
+		// of CPU may not have run the try's own probe in time). A stalled
+		// server's kernel accepts the connection; a dead one refuses it.
+		if down := a.p.dialNow(); down != nil {
+			err = down
+		}
+	}
+	failure := fmt.Errorf("redislock: acquiring %s: %w", keyfmt.Quote(a.key), err)
+	if isReply || isDialFailure(err) {
+		return a.outcome(w, failure, failure)
+	}
+	if waiting {
+		return a.outcome(w, failure, nil)
+	}
+	// err is most often the try's own deadline: quoted, not wrapped, so
+	// that errors.Is(err, context.DeadlineExceeded) stays the caller's
+	// ctx's (SPEC).
+	timedOut := fmt.Errorf("redislock: acquiring %s: %w within the %v Timeout (%v)", keyfmt.Quote(a.key), ErrNoReply, w.timeout, err)
 	return a.outcome(w, failure, timedOut)
+}
+
+// dialNow runs the provider's probe (if it has one) for at most probeWait,
+// and returns an *unreachableError if the dial failed other than by its
+// deadline; nil otherwise.
+func (p *Provider) dialNow() error {
+	if p.probe == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), probeWait)
+	defer cancel()
+	if err := p.probe(ctx); err != nil && !isTimeout(err) {
+		p.unreachable.Store(true)
+		return &unreachableError{err: err}
+	}
+	return nil
+}
+
+// probeWait bounds dialNow: a dial on loopback or a LAN is refused or
+// accepted in well under a millisecond.
+const probeWait = 10 * time.Millisecond
+
+// unreachableError is a dial to the server that failed (Provider.probe),
+// which ended a try: the server refuses connections or cannot be reached.
+// unsent: the try sent nothing (it dialled first, see attempt.try).
+type unreachableError struct {
+	err    error
+	unsent bool
+}
+
+func (e *unreachableError) Error() string {
+	return "Redis refused the connection or cannot be reached (a dial to it failed: " + e.err.Error() + "); check that it runs and that this process can reach it"
+}
+
+func (e *unreachableError) Unwrap() error { return e.err }
+
+// isTimeout reports whether err is a deadline's: the probe's dial cut
+// short by the try's deadline says nothing of the server.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+}
+
+// isDialFailure reports whether err is a failed dial: the provider's own
+// (unreachableError), or one go-redis returned (a *net.OpError whose Op is
+// "dial", as it returns at once once PoolSize dials in a row have failed).
+func isDialFailure(err error) bool {
+	var down *unreachableError
+	var op *net.OpError
+	return errors.As(err, &down) || errors.As(err, &op) && op.Op == "dial"
 }
 
 // outcome is what Acquire returns when it returns no lease: ctx's error if
@@ -340,16 +545,10 @@ func (a *attempt) failed(w waitCtx, err error, graced bool) error {
 // timeout a moment before ctx reports its end. Once the deadline has passed
 // the context ends within moments: wait for it, so that the caller sees
 // ctx's error (or the Timeout's outcome), not an i/o error. (The wait is
-// bounded, and the deadline is the calls' own: real time.)
+// bounded, and the deadlines are the calls' own: real time.)
 func (a *attempt) outcome(w waitCtx, err, timedOut error) error {
-	if d, ok := w.call.Deadline(); ok && !time.Now().Before(d) && w.acq.Err() == nil {
-		t := time.NewTimer(outcomeWait)
-		select {
-		case <-w.acq.Done():
-		case <-t.C:
-		}
-		t.Stop()
-	}
+	awaitDeadline(w.call)
+	awaitDeadline(w.caller)
 	if err := w.caller.Err(); err != nil {
 		return err
 	}
@@ -357,4 +556,18 @@ func (a *attempt) outcome(w waitCtx, err, timedOut error) error {
 		return timedOut
 	}
 	return err
+}
+
+// awaitDeadline waits, for at most outcomeWait, for ctx to report its end
+// if its deadline has passed.
+func awaitDeadline(ctx context.Context) {
+	if d, ok := ctx.Deadline(); !ok || time.Now().Before(d) || ctx.Err() != nil {
+		return
+	}
+	t := time.NewTimer(outcomeWait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }

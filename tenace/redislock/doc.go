@@ -12,6 +12,13 @@
 // the client's ReadTimeout (3s by default), not at its Timeout or ctx
 // deadline. CheckClient tells, and New logs a warning through WithLogger.
 //
+// An outage is an error, never contention: Acquire returns (nil, nil) only
+// when the server answered that another call holds the key; a server that
+// refuses connections fails it at once with the cause
+// (errors.Is(err, syscall.ECONNREFUSED)), and one that is reached but
+// silent until the Timeout with an error wrapping ErrNoReply (and
+// tenace.ErrNoReply), which a Lock reports as lock.failed.
+//
 // # How it works
 //
 // Acquire draws a random token (128 bits from crypto/rand) for the call and
@@ -49,9 +56,9 @@
 // error wrapping tenace.ErrLeaseLost), when a renewal finds the key gone or
 // held by another token, when the TTL is reached, when the provider is
 // closed, and when no renewal got through before the last expiry the
-// server was told — measured from before that renewal was sent, so the
-// holder hears of it no later than the server can free the key (clock
-// drift aside). The Lock step ends fn's context then, with that cause, and
+// server was told — measured from before that renewal was sent, less a
+// safety margin (1% of that expiry's length + 2ms), so the holder hears of
+// it before the server can free the key (see Guarantees). The Lock step ends fn's context then, with that cause, and
 // emits lock.lost. Renewals are timers, not goroutines: a goroutine exists
 // only while a renewal call is on the wire. Release stops them first.
 //
@@ -119,20 +126,24 @@
 //     read and its write. FencedGet and FencedSet are that guard for data in
 //     Redis (FenceLua, the script, for other clients). The counters are kept (an expiring counter would restart): one small string
 //     key, about 70 bytes, per lock key ever used. Tokens are below 2^53.
-//   - Expiry: the lease's Lost fires no later than the server can drop the
-//     key: each expiry the server is told (the window, or what is left of
-//     the TTL, in whole milliseconds as Redis keeps it; a TTL under 1ms is
-//     refused with tenace.ErrInvalidOption) is measured locally from before
-//     the command was sent. Clocks that drift apart (the server's running
-//     fast) or a process paused longer than a window (GC, SIGSTOP of the
-//     holder) can still let the key go before the holder hears of it:
+//   - Expiry: the lease's Lost fires a safety margin before the server can
+//     drop the key: each expiry the server is told (the window, or what is
+//     left of the TTL, in whole milliseconds as Redis keeps it; a TTL under
+//     1ms is refused with tenace.ErrInvalidOption) is measured locally from
+//     before the command was sent, and Lost fires 1% of that expiry's
+//     length plus 2ms before it (Redlock's allowance for clock drift and
+//     late timers: 152ms with the default window). A lease capped by its
+//     TTL is lost that margin before the TTL. A server clock that gains
+//     more than 1% on this process's, or a process paused or starved
+//     longer than the margin (GC, SIGSTOP of the holder, an overloaded
+//     machine), can still let the key go before the holder hears of it:
 //     fencing tokens cover that.
 //   - Renewal never extends a lock that is no longer this grant's (the
 //     script checks the token); one that reaches the server after Release
 //     finds nothing to extend.
 //   - No lock held by nobody: when Acquire returns no lease (an error, ctx's
 //     end, the Timeout), the key is not held by this call once the server
-//     has answered the void (above) — within about 100ms of the server
+//     has answered the void (above) — within about 50ms of the server
 //     answering again after a stall, once the voids queued ahead of it have
 //     run (one that keeps failing is sent to the back; on a Cluster, one
 //     whose node is stalled costs its call's second).
@@ -140,17 +151,23 @@
 //     given up (a stall longer than the void marker's life, a void the
 //     server keeps refusing), such a key can stay held for its first
 //     window (or its TTL, if shorter).
-//   - A server that does not answer is not a held key: when the Timeout
-//     passes on a try the server has left unanswered for 250ms or more,
-//     Acquire returns an error wrapping ErrNoReply, naming the key and the
-//     Timeout, which a Lock reports as a failure (lock.failed), not as
-//     contention (lock.rejected). Otherwise a Timeout that passes is (nil,
-//     nil): the server answered that the key is held and the wait for its
-//     release ran out, or the try in flight was cut short too soon to call
-//     the server unresponsive (a Timeout under 250ms cannot tell a slow
-//     answer from none, and reports (nil, nil) on a stalled server too).
+//   - An outage is an error, never "held": Acquire returns (nil, nil) only
+//     when the server answered that another call holds the key; a refused
+//     connection, a failed dial or an error reply is an error at once
+//     (wrapping the cause: errors.Is(err, syscall.ECONNREFUSED)), and a
+//     server reached but silent until the Timeout is an error wrapping
+//     ErrNoReply (and tenace.ErrNoReply), whatever the Timeout's length;
+//     a Lock reports both as lock.failed, not lock.rejected. A try in
+//     flight at the Timeout has 20ms more for its reply, which then
+//     decides; see Provider.Acquire for how a try without one is judged.
+//     The refusal is seen at once on a *redis.Client (standalone or
+//     failover): a try without a reply after 5ms dials the server itself,
+//     bypassing go-redis's dial retries (about 2s with its defaults). On a
+//     Cluster or a Ring client it comes when go-redis gives up, or, past
+//     the Timeout, as ErrNoReply.
 //   - Timeout and ctx bound Acquire, Redis calls included, on a client with
-//     ContextTimeoutEnabled, also while the shared Pub/Sub connection is
+//     ContextTimeoutEnabled (the Timeout plus the 20ms a try in flight has
+//     for its reply, and this process's scheduling latency), also while the shared Pub/Sub connection is
 //     being opened, or re-opened after it broke: a waiter waits for its
 //     SUBSCRIBE no longer than its Timeout or ctx, and one that leaves does
 //     not wait for its UNSUBSCRIBE (see Provider.Acquire). A ctx that ends
@@ -183,20 +200,17 @@
 //     are woken roughly in arrival order (a newcomer's first try can still
 //     take a free key); for strict FIFO inside a process put a Lock on the
 //     MemoryLockProvider in front of this one.
-//   - Errors: a Redis command that fails returns its error at once (through
-//     a Lock, an *tenace.UnexpectedError); the provider retries nothing but
-//     the voids. go-redis may retry a command on its own (MaxRetries): the
-//     scripts are idempotent for their token, so that is safe. "At once" is
-//     go-redis's: on a server that refuses connections it dials up to
-//     DialerRetries times (5), DialerRetryTimeout (100ms) apart, for each
-//     of a command's MaxRetries+1 sends (4), so an Acquire sees "connection
-//     refused" about 2s after the server went down (sooner once go-redis
-//     has failed PoolSize dials in a row, when it fails fast until a dial
-//     gets through; with a shorter Timeout, the error above at the
-//     Timeout). go-redis also waits DialerRetryTimeout after its last
-//     failed dial. A client with DialerRetries: 1, DialerRetryTimeout: 1ms
-//     and MaxRetries: -1 reports it in about a millisecond (at the cost of
-//     go-redis's retries, on a new connection, of a command whose pooled
-//     connection had broken); the provider cannot change a client's
-//     options, nor set them per call.
+//   - Errors: a Redis command that fails returns its error at once
+//     (through a Lock, an *tenace.UnexpectedError); the provider retries
+//     nothing but the voids (and, once, a first try whose reply this
+//     process was too starved of CPU to read in time). go-redis may retry
+//     a command on its own (MaxRetries): the scripts are idempotent for
+//     their token, so that is safe. On a server that refuses connections
+//     go-redis dials up to DialerRetries times (5), DialerRetryTimeout
+//     (100ms) apart, for each of a command's MaxRetries+1 sends (4), about
+//     2s in all; Acquire does not wait for that on a *redis.Client (see
+//     above). Release and the renewals do: a client with DialerRetries: 1,
+//     DialerRetryTimeout: 1ms and MaxRetries: -1 reports a refusal to them
+//     in about a millisecond (at the cost of go-redis's retries, on a new
+//     connection, of a command whose pooled connection had broken).
 package redislock

@@ -137,8 +137,12 @@ func TestAVoidThatKeepsFailingHoldsUpNoOther(t *testing.T) {
 		return c.Exists(bg, "tenace:lock:{victim}").Val() == 0 && c.Exists(bg, "tenace:lock:{victim}:fence").Val() == 1
 	})
 	t.Logf("victim freed %v after SIGCONT, with a void that keeps failing pending (window 5s)", time.Since(from).Round(time.Millisecond))
-	pending, _ := redislock.PendingVoids(p)
-	require.Equal(t, 1, pending, "the poisoned key's void, retried still (its first expiry, 5 s, has not passed)")
+	// The janitor's goroutine drops the victim's entry once it has read
+	// the void's reply, which may come after the test saw the key gone.
+	within(t, 2*time.Second, "the poisoned key's void alone pending, retried still (its first expiry, 5 s, has not passed)", func() bool {
+		pending, _ := redislock.PendingVoids(p)
+		return pending == 1
+	})
 }
 
 // A void that keeps failing with an error reply is dropped once the key
@@ -223,48 +227,40 @@ func (s *syncBuffer) String() string {
 // A Timeout that passes before the server answered is an error that says
 // so, not (nil, nil): through a Lock, a failure (lock.failed, an
 // UnexpectedError), not contention (lock.rejected, LockNotAcquiredError).
-// Killed (connections refused, go-redis retrying the dial) and stalled.
-// Before, both returned (nil, nil), reported as "another call holds it".
+// Before, a stalled server returned (nil, nil), reported as "another call
+// holds it". (A killed server, connections refused, is an error at once:
+// TestARefusedConnectionIsAnErrorAtOnce.)
 func TestATimeoutWithoutAnAnswerIsAFailureNotContention(t *testing.T) {
-	for _, fault := range []string{"killed", "stalled"} {
-		t.Run(fault, func(t *testing.T) {
-			srv := redistest.Start(t)
-			c := deadlineClient(t, srv.Addr)
-			p := newProvider(t, c)
-			warm(t, c, p)
-			if fault == "killed" {
-				srv.Kill()
-			} else {
-				srv.Pause()
-			}
-			// Well above the 250ms a try must go unanswered, so that a
-			// try sent late on a loaded machine still has.
-			const timeout = 700 * time.Millisecond
-			start := time.Now()
-			l, err := p.Acquire(bg, "k", tenace.LockAcquireOptions{Timeout: timeout})
-			took := time.Since(start)
-			require.Nil(t, l)
-			require.ErrorIs(t, err, redislock.ErrNoReply)
-			require.ErrorContains(t, err, `redislock: acquiring "k": no reply from Redis within the 700ms Timeout (`)
-			require.False(t, errors.Is(err, context.DeadlineExceeded), "DeadlineExceeded is the caller's ctx's, which did not end: %v", err)
-			require.Less(t, took, timeout+250*time.Millisecond, "bounded by the Timeout")
+	srv := redistest.Start(t)
+	c := deadlineClient(t, srv.Addr)
+	p := newProvider(t, c)
+	warm(t, c, p)
+	srv.Pause()
+	const timeout = 700 * time.Millisecond
+	start := time.Now()
+	l, err := p.Acquire(bg, "k", tenace.LockAcquireOptions{Timeout: timeout})
+	took := time.Since(start)
+	require.Nil(t, l)
+	require.ErrorIs(t, err, redislock.ErrNoReply)
+	require.ErrorIs(t, err, tenace.ErrNoReply)
+	require.ErrorContains(t, err, `redislock: acquiring "k": no reply from Redis within the 700ms Timeout (`)
+	require.False(t, errors.Is(err, context.DeadlineExceeded), "DeadlineExceeded is the caller's ctx's, which did not end: %v", err)
+	require.Less(t, took, timeout+250*time.Millisecond, "bounded by the Timeout")
 
-			var events []string
-			var mu sync.Mutex
-			pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k", Timeout: timeout}).
-				OnEvent(func(e tenace.Event) { mu.Lock(); events = append(events, e.Name); mu.Unlock() })
-			err = pol.Execute(bg, func(context.Context) error { return nil })
-			var ue *tenace.UnexpectedError
-			require.ErrorAs(t, err, &ue, "a provider failure")
-			require.ErrorIs(t, err, redislock.ErrNoReply)
-			require.False(t, errors.Is(err, context.DeadlineExceeded), "not the caller's deadline: %v", err)
-			var nae *tenace.LockNotAcquiredError
-			require.False(t, errors.As(err, &nae), "not contention: %v", err)
-			mu.Lock()
-			defer mu.Unlock()
-			require.Equal(t, []string{"lock.acquiring", "lock.failed"}, events)
-		})
-	}
+	var events []string
+	var mu sync.Mutex
+	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k", Timeout: timeout}).
+		OnEvent(func(e tenace.Event) { mu.Lock(); events = append(events, e.Name); mu.Unlock() })
+	err = pol.Execute(bg, func(context.Context) error { return nil })
+	var ue *tenace.UnexpectedError
+	require.ErrorAs(t, err, &ue, "a provider failure")
+	require.ErrorIs(t, err, redislock.ErrNoReply)
+	require.False(t, errors.Is(err, context.DeadlineExceeded), "not the caller's deadline: %v", err)
+	var nae *tenace.LockNotAcquiredError
+	require.False(t, errors.As(err, &nae), "not contention: %v", err)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"lock.acquiring", "lock.failed"}, events)
 }
 
 // A waiter that saw the key held and whose retry (a fallback retry, the
@@ -321,13 +317,14 @@ func (h *blockRetries) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 	return next
 }
 
-// A waiter's Timeout that lands on a retry in flight is still a Timeout
-// that passed while waiting for a release, (nil, nil), when the retry was
-// sent moments before (a healthy server answers in well under a
-// millisecond); and an outage, the error, once the retry has gone
-// unanswered for 250ms. The Timeout runs on a manual clock, so that the
-// test chooses when it ends, and the retry is woken by a release message
-// published by hand (the key stays held).
+// A waiter's Timeout that lands on a retry in flight (the server answered
+// "held" before) is still a Timeout that passed while waiting for a
+// release, (nil, nil), when the retry was sent moments before (a healthy
+// server answers in well under a millisecond); and an outage, the error,
+// once the retry has gone unanswered for retrySilence (200ms). The
+// Timeout runs on a manual clock, so that the test chooses when it ends,
+// and the retry is woken by a release message published by hand (the key
+// stays held).
 func TestATimeoutDuringARetry(t *testing.T) {
 	for _, tc := range []struct {
 		name       string

@@ -56,8 +56,11 @@ func ExampleProvider_Acquire() {
 
 	ctx := context.Background()
 	l, err := locks.Acquire(ctx, "nightly-import", tenace.LockAcquireOptions{Timeout: time.Minute, TTL: time.Hour})
-	if err != nil || l == nil {
-		return // Redis failed, or another holder kept it for a minute
+	switch {
+	case err != nil:
+		return // an outage, never contention: Redis refused (syscall.ECONNREFUSED) or did not answer (tenace.ErrNoReply)
+	case l == nil:
+		return // Redis answered that another holder kept it for the minute
 	}
 	defer l.Release(context.WithoutCancel(ctx))
 	lost := l.(tenace.LosableLease)

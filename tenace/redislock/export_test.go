@@ -44,3 +44,11 @@ func PendingVoids(p *Provider) (pending int, running bool) {
 // janitor tries a void the server never answers. Call it before p's first
 // Acquire.
 func SetVoidLife(p *Provider, d time.Duration) { p.voidMS = d.Milliseconds() }
+
+// LossMargin is how long before the expiry the server was told (px long)
+// a lease is reported lost.
+func LossMargin(px time.Duration) time.Duration { return lossMargin(px) }
+
+// LateReply is how long after the Timeout a try in flight may bring its
+// reply.
+const LateReply = lateReply

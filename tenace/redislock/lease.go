@@ -67,10 +67,11 @@ const (
 //
 // Renewals are two timers, not a goroutine: renewT fires every renewal
 // interval and sends renewScript (from the timer's own goroutine, for the
-// length of the call); lossT fires at expiry, the last expiry the server was
-// told (measured from before that renewal was sent), and reports the lease
-// lost unless a renewal moved expiry on. So a stalled server, or renewals
-// that fail, end the lease no later than the server can free the key.
+// length of the call); lossT fires at lossAt, lossMargin before expiry, the
+// last expiry the server was told (measured from before that renewal was
+// sent), and reports the lease lost unless a renewal moved expiry on. So a
+// stalled server, or renewals that fail, end the lease a margin before the
+// server can free the key.
 //
 // Concurrency: the fields above mu are set at the grant and never change;
 // mu guards the rest. It is held across no server call: Release never
@@ -92,9 +93,10 @@ type lease struct {
 	mu     sync.Mutex
 	state  leaseState
 	expiry time.Time   // the last expiry the server was told, from before its send
+	lossAt time.Time   // when the lease is reported lost without a renewal: lossMargin before expiry
 	final  bool        // expiry is the cap's: no renewal goes further
 	renewT *time.Timer // the next renewal; nil if the lease was never to be renewed
-	lossT  *time.Timer // fires at expiry
+	lossT  *time.Timer // fires at lossAt
 	unsure bool        // a release call failed: it may have deleted the key
 
 	releasing bool          // a Release's call is in flight
@@ -109,7 +111,9 @@ var (
 // newLease registers a grant whose script was sent at sent, and arms its
 // timers.
 func (p *Provider) newLease(a *attempt, fence uint64, sent time.Time) *lease {
-	l := &lease{a: a, fence: fence, keys: []string{a.lockKey}, token: a.token, state: stateHeld, expiry: sent.Add(time.Duration(a.pxMS) * time.Millisecond)}
+	px := time.Duration(a.pxMS) * time.Millisecond
+	l := &lease{a: a, fence: fence, keys: []string{a.lockKey}, token: a.token, state: stateHeld, expiry: sent.Add(px)}
+	l.lossAt = l.expiry.Add(-lossMargin(px))
 	if a.ttl > 0 {
 		l.cap = sent.Add(a.ttl)
 		l.final = !l.expiry.Before(l.cap)
@@ -125,7 +129,7 @@ func (p *Provider) newLease(a *attempt, fence uint64, sent time.Time) *lease {
 	}
 	p.leases[l] = struct{}{}
 	p.held.Add(1)
-	l.lossT = l.arm(time.Until(l.expiry), l.expire)
+	l.lossT = l.arm(time.Until(l.lossAt), l.expire)
 	if !l.final {
 		l.renewT = l.arm(l.nextRenewal(), l.renew)
 	}
@@ -133,14 +137,28 @@ func (p *Provider) newLease(a *attempt, fence uint64, sent time.Time) *lease {
 }
 
 // nextRenewal is when to send the next renewal, from now: the renewal
-// interval, but no later than halfway to the expiry the server was last
-// told. The expiry counts from before the last send, so after a slow reply
-// (a stalled server, a slow network) less than a window is left, and a
-// renewal one interval after the reply could come after it: the lease
-// would be reported lost while the server still held the key for it. With
-// l.mu held, or before the lease is shared.
+// interval, but no later than halfway to the loss (lossAt). The expiry
+// counts from before the last send, so after a slow reply (a stalled
+// server, a slow network) less than a window is left, and a renewal one
+// interval after the reply could come after it: the lease would be
+// reported lost while the server still held the key for it. With l.mu
+// held, or before the lease is shared.
 func (l *lease) nextRenewal() time.Duration {
-	return max(0, min(l.a.p.interval, time.Until(l.expiry)/2))
+	return max(0, min(l.a.p.interval, time.Until(l.lossAt)/2))
+}
+
+// lossMargin is how long before the expiry the server was told the lease
+// is reported lost, when no renewal moved it on: Redlock's allowance, 1%
+// of that expiry's length (px: the window, or what was left of the TTL)
+// plus 2ms, for the server's clock running faster than this process's and
+// for this process's timers firing late. The expiry itself is measured from
+// before the command was sent, so the server frees the key at least
+// lossMargin after Lost closes, unless its clock gains more than 1% on
+// ours or the timer fires later than the margin (a process paused by GC,
+// SIGSTOP or an overloaded machine): fencing tokens cover those. 150ms with
+// the default window.
+func lossMargin(px time.Duration) time.Duration {
+	return px/100 + 2*time.Millisecond
 }
 
 // arm starts a timer that runs f after d, counted in the provider's bg
@@ -199,7 +217,7 @@ func (l *lease) renew() {
 		l.mu.Unlock()
 		return
 	}
-	deadline := l.expiry // past it the lease is lost anyway
+	deadline := l.lossAt // past it the lease is lost anyway
 	l.mu.Unlock()
 
 	ctx, cancel := context.WithDeadline(p.stop, deadline)
@@ -215,15 +233,15 @@ func (l *lease) renew() {
 	case err != nil:
 		// Try again soon, while the window lasts; if none gets through,
 		// lossT reports the loss at expiry.
-		if retry := max(p.interval/4, time.Millisecond); time.Now().Add(retry).Before(l.expiry) {
+		if retry := max(p.interval/4, time.Millisecond); time.Now().Add(retry).Before(l.lossAt) {
 			l.rearm(l.renewT, retry)
 		}
 	case n == 0:
 		l.loseLocked(fmt.Errorf("%w: redislock: a renewal found %s no longer held by this lease (it expired, was deleted, or was taken by another holder)", tenace.ErrLeaseLost, keyfmt.Quote(l.a.key)))
 	default:
 		if e := sent.Add(px); e.After(l.expiry) {
-			l.expiry, l.final = e, final
-			l.rearm(l.lossT, time.Until(e))
+			l.expiry, l.lossAt, l.final = e, e.Add(-lossMargin(px)), final
+			l.rearm(l.lossT, time.Until(l.lossAt))
 		}
 		if !l.final {
 			l.rearm(l.renewT, l.nextRenewal())
@@ -236,7 +254,7 @@ func (l *lease) renew() {
 func (l *lease) expire() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.state != stateHeld || time.Now().Before(l.expiry) {
+	if l.state != stateHeld || time.Now().Before(l.lossAt) {
 		return
 	}
 	if l.final {
@@ -382,7 +400,8 @@ func (l *lease) Token() uint64 { return l.fence }
 
 // Expiry is the last expiry the server was told, measured from just before
 // that acquire or renewal was sent, in whole milliseconds as Redis keeps
-// it: no later than the server's own.
+// it: no later than the server's own. Without a renewal past it, Lost
+// closes a margin before it (1% of that expiry's length + 2ms).
 func (l *lease) Expiry() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()

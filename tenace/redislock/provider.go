@@ -62,8 +62,12 @@ type Provider struct {
 	retry    time.Duration
 	voidMS   int64 // a void marker's life in ms: max(window, minVoidLife, retrySpan)
 	logger   *slog.Logger
-	subs     *subscriber // one Pub/Sub connection for every waiter, open while any waits
-	voids    *janitor    // undoes acquires whose outcome is unknown
+	subs     *subscriber                 // one Pub/Sub connection for every waiter, open while any waits
+	probe    func(context.Context) error // dials the server, past go-redis's pool and retries; nil: unknown client
+	// unreachable: the last try ended on a failed dial (Provider.probe), so
+	// tries dial first until one gets through.
+	unreachable atomic.Bool
+	voids       *janitor // undoes acquires whose outcome is unknown
 
 	stop context.Context // ends at Close: bounds background calls
 	halt context.CancelFunc
@@ -175,6 +179,7 @@ func New(client redis.UniversalClient, opts ...Option) *Provider {
 		panic(fmt.Sprintf("tenace: redislock.New: the renewal interval (%v) must be below the window (%v)", p.interval, p.window))
 	}
 	p.voidMS = max(p.window, minVoidLife, retrySpan(client)).Milliseconds()
+	p.probe = prober(client)
 	p.stop, p.halt = context.WithCancel(context.Background())
 	p.voids = newJanitor(p)
 	if p.logger != nil {
@@ -256,6 +261,41 @@ func retrySpan(client redis.UniversalClient) time.Duration {
 	return time.Duration(sends)*read + time.Duration(sends-1)*max(backoff, 0)
 }
 
+// prober returns a function that dials the server a *redis.Client (also a
+// failover client) talks to, with the client's own Dialer but not through
+// its pool, its hooks or its dial retries, and closes the connection: it
+// returns the dial's error, or nil. A try that has gone probeAfter without
+// a reply runs it, so that a server that refuses connections fails the
+// try at once rather than after go-redis's retries (DialerRetries ×
+// DialerRetryTimeout for each of MaxRetries+1 sends: about 2s with the
+// defaults). nil for other clients (a Cluster or a Ring: which node to
+// dial depends on the key, and finding it may itself wait on the dead
+// node), whose tries see go-redis's own error, or the Timeout's end.
+func prober(client redis.UniversalClient) func(context.Context) error {
+	c, ok := client.(*redis.Client)
+	if !ok {
+		return nil
+	}
+	o := c.Options()
+	dial, network, addr, timeout := o.Dialer, o.Network, o.Addr, o.DialTimeout
+	if dial == nil {
+		return nil
+	}
+	return func(ctx context.Context) error {
+		if timeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, timeout)
+			defer cancel()
+		}
+		cn, err := dial(ctx, network, addr)
+		if err != nil {
+			return err
+		}
+		_ = cn.Close()
+		return nil
+	}
+}
+
 // Close stops the provider's background work and refuses later acquires
 // (their error wraps tenace.ErrProviderClosed); callers waiting in Acquire
 // return that error too, but one whose acquire script was on its way and
@@ -326,14 +366,22 @@ func (p *Provider) Stats() tenace.LockStats {
 	}
 }
 
-// ErrNoReply is wrapped by the error Acquire returns when its Timeout
-// passed on a try the server had left unanswered for 250ms or more: a
-// stalled or unreachable server, not a held key (which is (nil, nil)). A
-// Lock reports it as a provider failure (*tenace.UnexpectedError, event
+// ErrNoReply is wrapped by the error Acquire returns when the server was
+// reached but left a try unanswered past the Timeout (and lateReply, 20ms,
+// after it): a stalled server, not a held key (which is (nil, nil)). It
+// wraps tenace.ErrNoReply, so errors.Is(err, tenace.ErrNoReply) holds too.
+// A Lock reports it as a provider failure (*tenace.UnexpectedError, event
 // lock.failed). The cause is in the message, not wrapped: it is most often
-// the Timeout's own context.DeadlineExceeded, which errors.Is keeps for the
-// caller's ctx.
-var ErrNoReply = errors.New("no reply from Redis")
+// the try's own deadline, a context.DeadlineExceeded, which errors.Is keeps
+// for the caller's ctx.
+var ErrNoReply error = noReplyError{}
+
+// noReplyError is ErrNoReply: its message is Redis's, and it unwraps to
+// tenace.ErrNoReply.
+type noReplyError struct{}
+
+func (noReplyError) Error() string { return "no reply from Redis" }
+func (noReplyError) Unwrap() error { return tenace.ErrNoReply }
 
 // errClosed is what Acquire returns on a closed provider.
 var errClosed = fmt.Errorf("%w (redislock.Provider.Close was called)", tenace.ErrProviderClosed)
