@@ -15,7 +15,7 @@ import (
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/internal/keyfmt"
 	"tenace.dev/tenace/internal/noreply"
-	"tenace.dev/tenace/policy"
+	"tenace.dev/tenace/clock"
 )
 
 // acquireScript: KEYS[1] the lock, KEYS[2] its fencing counter, KEYS[3]
@@ -180,7 +180,7 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	actx, cancel := tenace.AcquireContext(ctx, opts)
 	defer cancel()
 	w := waitCtx{caller: ctx, acq: actx, call: actx, try: actx, timeout: opts.Timeout}
-	if !policy.IsSystemClock(opts.Clock) {
+	if !clock.IsSystem(opts.Clock) {
 		// actx's deadline is on opts.Clock, and go-redis would take it for
 		// a real one (with a clock behind real time every call would time
 		// out at once): the calls get ctx's deadline, and end with actx;
