@@ -13,9 +13,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"tenace.dev/tenace"
+	"tenace.dev/tenace/clock"
 	"tenace.dev/tenace/internal/keyfmt"
 	"tenace.dev/tenace/internal/noreply"
-	"tenace.dev/tenace/clock"
 )
 
 // acquireScript: KEYS[1] the lock, KEYS[2] its fencing counter, KEYS[3]
