@@ -15,6 +15,7 @@ import (
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/internal/keyfmt"
 	"tenace.dev/tenace/internal/noreply"
+	"tenace.dev/tenace/policy"
 )
 
 // Defaults.
@@ -59,6 +60,8 @@ type Provider struct {
 	keysWith  []int // keysWith[n]: keys with n queued waiters
 	endedOnce sync.Once
 	bg        sync.WaitGroup // keepers of leases and background revokes
+
+	beforeWatch func(rev int64) // a test hook (see SetBeforeWatch); nil otherwise
 }
 
 var (
@@ -186,7 +189,17 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	}
 	actx, cancel := tenace.AcquireContext(ctx, opts)
 	defer cancel()
-	wctx, wcancel := context.WithCancelCause(actx)
+	base := actx
+	if !policy.IsSystemClock(opts.Clock) {
+		// actx's deadline is on opts.Clock, and gRPC would take it for a
+		// real one (with a clock behind real time every call would time
+		// out at once): the calls get ctx's deadline, and end with actx.
+		call, cancelCall := context.WithCancelCause(ctx)
+		stop := context.AfterFunc(actx, func() { cancelCall(context.Cause(actx)) })
+		defer func() { stop(); cancelCall(nil) }()
+		base = call
+	}
+	wctx, wcancel := context.WithCancelCause(base)
 	defer wcancel(nil)
 	stop := context.AfterFunc(p.closed, func() { wcancel(tenace.ErrProviderClosed) })
 	defer stop()
@@ -298,6 +311,9 @@ func (a *attempt) wait(dir string) error {
 		pred := resp.Responses[1].GetResponseRange().Kvs
 		if len(pred) == 0 {
 			return nil
+		}
+		if p.beforeWatch != nil {
+			p.beforeWatch(resp.Header.Revision + 1)
 		}
 		if err := a.waitDelete(string(pred[0].Key), resp.Header.Revision+1); err != nil {
 			return err
