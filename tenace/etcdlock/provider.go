@@ -184,9 +184,6 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	if p.closed.Err() != nil {
 		return nil, errClosed
 	}
-	if p.client.ActiveConnection().GetState() == connectivity.TransientFailure {
-		return nil, fmt.Errorf("%w (acquiring %s)", ErrUnreachable, keyfmt.Quote(key))
-	}
 	actx, cancel := tenace.AcquireContext(ctx, opts)
 	defer cancel()
 	base := actx
@@ -205,6 +202,13 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	defer stop()
 
 	a := &attempt{p: p, ctx: ctx, wctx: wctx, key: key, opts: opts}
+	if err := p.reach(wctx); err != nil {
+		if errors.Is(err, ErrUnreachable) {
+			return nil, fmt.Errorf("%w (acquiring %s)", err, keyfmt.Quote(key))
+		}
+		a.sent = time.Now()
+		return a.failed(err)
+	}
 	l, err := a.run()
 	if l == nil && a.l != nil {
 		a.l.abandon(a.abandonWait())
@@ -231,7 +235,52 @@ func (a *attempt) abandonWait() time.Duration {
 
 // timeoutSlack is how long past its Timeout an Acquire may wait for its
 // revoke: within the bound of Timeout + 50ms.
-const timeoutSlack = 30 * time.Millisecond
+const timeoutSlack = 10 * time.Millisecond
+
+// reach returns once the client's connection is ready, or ErrUnreachable
+// when no member can be reached: the etcd client sends its requests with
+// gRPC's WaitForReady, so that without this check a request to a cluster
+// that is down waits for ctx instead of failing. A connection in
+// TRANSIENT_FAILURE (its last dials failed) dials again at once, and gets
+// reconnectWait to succeed; an idle one is woken and waited for within ctx
+// (a member that accepts connections and does not answer keeps it
+// connecting: the Timeout then reports ErrNoReply).
+func (p *Provider) reach(ctx context.Context) error {
+	conn := p.client.ActiveConnection()
+	redialed := false
+	for {
+		st := conn.GetState()
+		wctx := ctx
+		switch st {
+		case connectivity.Ready:
+			return nil
+		case connectivity.Shutdown:
+			return errors.New("etcdlock: the etcd client is closed; close the provider before its client")
+		case connectivity.Idle:
+			conn.Connect()
+		case connectivity.TransientFailure:
+			if redialed {
+				return ErrUnreachable
+			}
+			redialed = true
+			conn.ResetConnectBackoff()
+			var cancel context.CancelFunc
+			wctx, cancel = context.WithTimeout(ctx, reconnectWait)
+			defer cancel()
+		}
+		if !conn.WaitForStateChange(wctx, st) {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return ErrUnreachable // still in TRANSIENT_FAILURE
+		}
+	}
+}
+
+// reconnectWait is how long reach lets a connection in TRANSIENT_FAILURE
+// dial again before it reports the cluster unreachable: a dial to a member
+// that is down fails in a round trip or less.
+const reconnectWait = 500 * time.Millisecond
 
 // attempt is one call of Acquire.
 type attempt struct {
