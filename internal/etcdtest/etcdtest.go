@@ -60,41 +60,98 @@ type Cluster struct {
 	Members []*Member
 	bin     string
 	token   string
-	tb      testing.TB
+	tb      testing.TB // nil for a cluster from New
+	tmp     string     // the data of a cluster from New, removed by Close
 }
 
 // Start starts a one-member cluster for tb and registers its stop with
 // tb.Cleanup.
 func Start(tb testing.TB) *Cluster { tb.Helper(); return StartN(tb, 1) }
 
+// ErrNotInstalled is returned by New when etcd is not installed (see
+// Require).
+var ErrNotInstalled = errors.New("etcd is not installed: apt-get install etcd-server (make test installs it when run as root)")
+
+// Require skips tb when err is ErrNotInstalled (fails it when the CI
+// environment variable is set: CI must not skip the etcd tests), and fails
+// it on any other error.
+func Require(tb testing.TB, err error) {
+	tb.Helper()
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrNotInstalled) && os.Getenv("CI") == "":
+		tb.Skip(err)
+	case errors.Is(err, ErrNotInstalled):
+		tb.Fatalf("%v; CI must not skip the etcd tests", err)
+	default:
+		tb.Fatalf("etcdtest: %v", err)
+	}
+}
+
 // StartN starts an n-member cluster for tb, and returns once every member
 // serves clients (a cluster has a leader then).
 func StartN(tb testing.TB, n int) *Cluster {
 	tb.Helper()
+	c, err := newCluster(n, tb.TempDir())
+	if c != nil {
+		c.tb = tb
+		tb.Cleanup(c.Stop)
+	}
+	Require(tb, err)
+	return c
+}
+
+// New starts an n-member cluster for a TestMain that shares one between
+// tests (its data under a new temporary directory); the caller must Close
+// it. It returns ErrNotInstalled (see Require) when etcd is missing. Its
+// members' methods that fail a test need a cluster from StartN.
+func New(n int) (*Cluster, error) {
+	dir, err := os.MkdirTemp("", "etcdtest")
+	if err != nil {
+		return nil, err
+	}
+	c, err := newCluster(n, dir)
+	if c != nil {
+		c.tmp = dir
+	}
+	if err != nil {
+		c.Close()
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	return c, nil
+}
+
+// Close stops every member and removes the data of a cluster from New. A
+// nil cluster is fine.
+func (c *Cluster) Close() {
+	if c == nil {
+		return
+	}
+	c.Stop()
+	if c.tmp != "" {
+		_ = os.RemoveAll(c.tmp)
+	}
+}
+
+func newCluster(n int, dir string) (*Cluster, error) {
 	bin, err := exec.LookPath("etcd")
 	if err != nil {
-		const msg = "etcd is not installed: apt-get install etcd-server (make test installs it when run as root)"
-		if os.Getenv("CI") != "" {
-			tb.Fatal(msg + "; CI must not skip the etcd tests")
-		}
-		tb.Skip(msg)
+		return nil, ErrNotInstalled
 	}
-	c := &Cluster{bin: bin, tb: tb, token: fmt.Sprintf("tenace-%d", time.Now().UnixNano())}
-	dir := tb.TempDir()
+	c := &Cluster{bin: bin, token: fmt.Sprintf("tenace-%d", time.Now().UnixNano())}
 	for i := range n {
 		cp, err1 := serverproc.FreePort()
 		pp, err2 := serverproc.FreePort()
 		if err := errors.Join(err1, err2); err != nil {
-			tb.Fatalf("etcdtest: no free loopback port: %v", err)
+			return nil, fmt.Errorf("no free loopback port: %w", err)
 		}
 		c.Members = append(c.Members, &Member{
 			Name: fmt.Sprintf("m%d", i), c: c, dir: filepath.Join(dir, fmt.Sprintf("m%d", i)),
 			ClientURL: "http://127.0.0.1:" + strconv.Itoa(cp), peerURL: "http://127.0.0.1:" + strconv.Itoa(pp),
 		})
 	}
-	tb.Cleanup(c.Stop)
-	c.startAll()
-	return c
+	return c, c.startAll()
 }
 
 // Endpoints are the members' client URLs, for clientv3.Config.
@@ -108,8 +165,7 @@ func (c *Cluster) Endpoints() []string {
 
 // startAll starts every member that is not running, at once (a member of a
 // cluster is ready only once a quorum runs), and waits until all are ready.
-func (c *Cluster) startAll() {
-	c.tb.Helper()
+func (c *Cluster) startAll() error {
 	var readies []<-chan struct{}
 	var starting []*Member
 	for _, m := range c.Members {
@@ -118,7 +174,7 @@ func (c *Cluster) startAll() {
 		}
 		ready, err := m.spawn()
 		if err != nil {
-			c.tb.Fatal(err)
+			return err
 		}
 		readies = append(readies, ready)
 		starting = append(starting, m)
@@ -130,10 +186,19 @@ func (c *Cluster) startAll() {
 		case <-ready:
 		case err := <-m.done:
 			m.done <- err
-			c.tb.Fatalf("etcdtest: etcd member %s exited at start: %v", m.Name, err)
+			return fmt.Errorf("etcd member %s exited at start: %v", m.Name, err)
 		case <-deadline:
-			c.tb.Fatalf("etcdtest: etcd member %s was not ready within 30s", m.Name)
+			return fmt.Errorf("etcd member %s was not ready within 30s", m.Name)
 		}
+	}
+	return nil
+}
+
+// mustStartAll is startAll for a cluster from StartN.
+func (c *Cluster) mustStartAll() {
+	c.tb.Helper()
+	if err := c.startAll(); err != nil {
+		c.tb.Fatalf("etcdtest: %v", err)
 	}
 }
 
@@ -182,7 +247,7 @@ func (c *Cluster) Restart() {
 	for _, m := range c.Members {
 		m.Terminate()
 	}
-	c.startAll()
+	c.mustStartAll()
 }
 
 // Kill stops the member abruptly (SIGKILL), as a crash would, and waits for
@@ -217,7 +282,7 @@ func (m *Member) signalAndWait(sig syscall.Signal) {
 // until it serves clients (which needs a quorum of the cluster running).
 func (m *Member) Start() {
 	m.c.tb.Helper()
-	m.c.startAll()
+	m.c.mustStartAll()
 }
 
 // Pause stalls the member with SIGSTOP, as a long GC pause or a stalled VM

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/connectivity"
 
 	"tenace.dev/internal/etcdtest"
 	"tenace.dev/tenace"
@@ -363,12 +364,18 @@ func TestStalledMemberTimeoutBound(t *testing.T) {
 // a Timeout fails too: never (nil, nil).
 func TestUnreachableClusterIsAnErrorAtOnce(t *testing.T) {
 	c := cluster(t)
-	p := newProvider(t, newClient(t, c.Endpoints()...))
+	cl := newClient(t, c.Endpoints()...)
+	p := newProvider(t, cl)
 	key := keyOf(t, "k")
 	l := mustAcquire(t, p, key, tenace.LockAcquireOptions{})
 	require.NoError(t, l.Release(bg))
 	c.Stop()
-	// The client notices the closed connection as it reconnects.
+	// A request sent before the client has seen its connection close
+	// waits (gRPC's WaitForReady) for the Timeout or ctx: see the package
+	// doc. Once it has, Acquire fails at once.
+	eventually(t, 10*time.Second, "the client saw the connection close", func() bool {
+		return cl.ActiveConnection().GetState() != connectivity.Ready
+	})
 	for _, opts := range []tenace.LockAcquireOptions{{}, {Timeout: 2 * time.Second}, {Timeout: tenace.NoWait}} {
 		ctx, cancel := context.WithTimeout(bg, 20*time.Second)
 		start := time.Now()

@@ -2,6 +2,8 @@ package etcdlock_test
 
 import (
 	"context"
+	"flag"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -22,11 +24,37 @@ var bg = context.Background()
 // the faults play out in seconds. Its margin is 500ms.
 const testWindow = 2 * time.Second
 
+// shared is the one-member cluster of the examples, which cannot start
+// their own.
+var (
+	shared    *etcdtest.Cluster
+	sharedErr error
+)
+
 func TestMain(m *testing.M) {
 	if ep := os.Getenv(helperEnv); ep != "" {
 		os.Exit(helperProcess(ep))
 	}
-	goleak.VerifyTestMain(m)
+	shared, sharedErr = etcdtest.New(1)
+	if sharedErr != nil && os.Getenv("CI") == "" {
+		// The tests skip without etcd (etcdtest.Start); the examples,
+		// which cannot skip, are left out.
+		_ = flag.Set("test.run", "^Test")
+	}
+	goleak.VerifyTestMain(closingM{m})
+}
+
+// closingM stops the shared cluster once the tests ran, before goleak
+// looks for goroutines left behind.
+type closingM struct{ *testing.M }
+
+func (c closingM) Run() int {
+	defer shared.Close()
+	if sharedErr != nil && os.Getenv("CI") != "" {
+		fmt.Fprintln(os.Stderr, "etcdlock: the examples' etcd:", sharedErr)
+		return 1
+	}
+	return c.M.Run()
 }
 
 // newClient returns a client on endpoints, closed at the end of the test

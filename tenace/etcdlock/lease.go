@@ -250,6 +250,10 @@ func (l *lease) Release(ctx context.Context) error {
 			return l.revoke(ctx, false)
 		}
 	case stateLost:
+		// lose moved the state and signals the loss next, with nothing in
+		// between that waits on the server: wait for the signal, so that
+		// Err says why.
+		<-l.Lost()
 		if l.reported.CompareAndSwap(false, true) {
 			return fmt.Errorf("etcdlock: Release of %s touched nothing: %w", keyfmt.Quote(l.key), l.Err())
 		}
