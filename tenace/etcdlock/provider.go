@@ -169,8 +169,10 @@ func (p *Provider) dir(key string) string {
 // panics.
 //
 // When it returns no lease, the caller's queue entry is revoked before it
-// returns (bounded by 5s); if etcd does not answer that, keepalives have
-// stopped and the entry lapses within one window.
+// returns if etcd answers (within 10ms past a Timeout, 1s otherwise; else
+// the revoke goes on in the background, bounded by 5s); if etcd never
+// answers it, keepalives have stopped and the entry lapses within one
+// window.
 func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
 	if ctx == nil {
 		panic("tenace: etcdlock.Provider.Acquire: nil ctx")
@@ -217,11 +219,11 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 }
 
 // abandonWait is how long an Acquire that gives up waits for etcd to take
-// it out of the queue: as long as the revoke takes (at most cleanupTimeout)
+// it out of the queue: as long as the revoke takes (at most giveUpWait)
 // when etcd answered its last request, so that the next caller finds the
 // key as the caller left it; not at all when etcd did not answer (the
-// revoke goes on in the background); and within the 50ms the Timeout's
-// bound allows when the Timeout ended the wait.
+// revoke goes on in the background, bounded by cleanupTimeout); and within
+// the 50ms the Timeout's bound allows when the Timeout ended the wait.
 func (a *attempt) abandonWait() time.Duration {
 	switch {
 	case !a.replied:
@@ -229,9 +231,13 @@ func (a *attempt) abandonWait() time.Duration {
 	case tenace.TimedOut(a.ctx, a.wctx):
 		return timeoutSlack
 	default:
-		return cleanupTimeout
+		return giveUpWait
 	}
 }
+
+// giveUpWait bounds the wait of an Acquire that gives up for its revoke,
+// when etcd answered its last request (see abandonWait).
+const giveUpWait = time.Second
 
 // timeoutSlack is how long past its Timeout an Acquire may wait for its
 // revoke: within the bound of Timeout + 50ms.
