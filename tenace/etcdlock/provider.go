@@ -296,7 +296,6 @@ type attempt struct {
 	key     string
 	opts    tenace.LockAcquireOptions
 	l       *lease // from the lease grant on
-	queued  bool   // counted in the provider's waiting
 	sent    time.Time
 	replied bool // etcd answered a request of this attempt
 }
