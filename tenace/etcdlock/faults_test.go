@@ -428,3 +428,27 @@ func TestAcquireNilContextPanics(t *testing.T) {
 	//lint:ignore SA1012 the nil ctx is the point
 	_, _ = p.Acquire(nil, "k", tenace.LockAcquireOptions{}) //nolint:staticcheck
 }
+
+// TestKeysDoNotNest: a key that is another's with a "/" and more has a
+// queue of its own, not one inside the other's: holding "a" does not hold
+// "a/b" nor "a%2Fb", and holding "a/b" does not hold "a".
+func TestKeysDoNotNest(t *testing.T) {
+	c := cluster(t)
+	p := newProvider(t, newClient(t, c.Endpoints()...))
+	base := keyOf(t, "a")
+	held := mustAcquire(t, p, base, tenace.LockAcquireOptions{})
+	for _, k := range []string{base + "/b", base + "%2Fb", base + "/"} {
+		l := mustAcquire(t, p, k, tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+		require.NoError(t, l.Release(bg))
+	}
+	require.NoError(t, held.Release(bg))
+	// And the other way: "a/b" held, "a" and "a%2Fb" are free.
+	other := mustAcquire(t, p, base+"/b", tenace.LockAcquireOptions{})
+	for _, k := range []string{base, base + "%2Fb"} {
+		l, err := p.Acquire(bg, k, tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+		require.NoError(t, err)
+		require.NotNil(t, l, "%q is held while only %q is", k, base+"/b")
+		require.NoError(t, l.Release(bg))
+	}
+	require.NoError(t, other.Release(bg))
+}

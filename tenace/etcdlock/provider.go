@@ -154,9 +154,10 @@ var errClosed = fmt.Errorf("%w (etcdlock.Provider.Close was called)", tenace.Err
 // key under it. The key is escaped so that it contains no "/" (as "%2F",
 // and "%" as "%25"): no key's queue lies inside another's.
 func (p *Provider) dir(key string) string {
-	r := strings.NewReplacer("%", "%25", "/", "%2F")
-	return p.prefix + r.Replace(key) + "/"
+	return p.prefix + escaper.Replace(key) + "/"
 }
+
+var escaper = strings.NewReplacer("%", "%25", "/", "%2F")
 
 // Acquire waits for key and returns its lease: a lease when granted; (nil,
 // nil) when etcd said the key is held and the wait ran out of opts.Timeout
@@ -203,13 +204,12 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	stop := context.AfterFunc(p.closed, func() { wcancel(tenace.ErrProviderClosed) })
 	defer stop()
 
-	a := &attempt{p: p, ctx: ctx, wctx: wctx, key: key, opts: opts}
+	a := &attempt{p: p, ctx: ctx, wctx: wctx, key: key, opts: opts, sent: time.Now()}
 	if err := p.reach(wctx); err != nil {
 		if errors.Is(err, ErrUnreachable) {
 			return nil, fmt.Errorf("%w (acquiring %s)", err, keyfmt.Quote(key))
 		}
-		a.sent = time.Now()
-		return a.failed(err)
+		return a.failed(fmt.Errorf("etcdlock: connecting to etcd for %s: %w", keyfmt.Quote(key), err))
 	}
 	l, err := a.run()
 	if l == nil && a.l != nil {
