@@ -146,11 +146,16 @@
 //     stalled or not (tested with the member stopped by SIGSTOP). A ctx
 //     that ends returns ctx's error, even when the grant lands at that
 //     moment (the lease is then revoked).
-//   - Other failures (an etcd error, the member losing its leader) return
-//     the error at once; nothing is retried but the keepalives, and a
-//     watch that ended (a compaction past its start revision, a member
-//     restarted) is set up again after a new read of the queue (tested
-//     with compactions while waiters wait).
+//   - Other failures (an etcd error, the member losing its leader) of the
+//     lease grant and of the transaction that queues return the error at
+//     once. Once queued, a waiter's place is kept by its lease, so its
+//     read-only look at the queue is retried (every 50ms) through leader
+//     changes and restarts for as long as the lease lives, and a watch
+//     that ended (a compaction past its start revision, a member
+//     restarted) is set up again after a new read (tested: the whole
+//     cluster restarted under a waiter, compactions while waiters wait).
+//     A waiter whose lease is lost (the cluster down past the margin)
+//     returns an error wrapping tenace.ErrLeaseLost.
 //   - Release with a ctx that has no deadline is bounded by 5s. A Release
 //     that fails can be called again; keepalives have stopped, so the key
 //     lapses within one window if no retry gets through.

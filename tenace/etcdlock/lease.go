@@ -149,7 +149,7 @@ func (l *lease) keep(expiry time.Time) {
 			if time.Now().Before(expiry.Add(-m)) {
 				continue // moved on by a keepalive meanwhile
 			}
-			l.lose(fmt.Errorf("%w: etcdlock: no keepalive of the lease on %s reached etcd before %v of its expiry; etcd may free the key", tenace.ErrLeaseLost, keyfmt.Quote(l.key), m))
+			l.lose(fmt.Errorf("%w: etcdlock: no keepalive of the lease on %s reached etcd by %v before its expiry; etcd may free the key", tenace.ErrLeaseLost, keyfmt.Quote(l.key), m))
 		case <-renew.C:
 			sent := time.Now()
 			ctx, cancel := context.WithDeadline(l.kctx, expiry.Add(-m))

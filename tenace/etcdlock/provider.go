@@ -349,14 +349,36 @@ func (a *attempt) run() (tenace.LockLease, error) {
 // revision a watch starts from makes it look again.
 func (a *attempt) wait(dir string) error {
 	p, l := a.p, a.l
+	// The reads end when the wait does, or when the caller's lease is lost
+	// (its keeper's context ends).
+	rctx, cancel := context.WithCancel(a.wctx)
+	defer cancel()
+	stop := context.AfterFunc(l.kctx, cancel)
+	defer stop()
 	for {
 		a.sent, a.replied = time.Now(), false
-		resp, err := p.client.Txn(a.wctx).Then(
+		resp, err := p.client.Txn(rctx).Then(
 			clientv3.OpGet(l.name),
 			clientv3.OpGet(dir, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(l.rev-1))...),
 		).Commit()
 		if err != nil {
-			return fmt.Errorf("etcdlock: waiting for %s: %w", keyfmt.Quote(a.key), err)
+			switch {
+			case a.wctx.Err() != nil:
+				return fmt.Errorf("etcdlock: waiting for %s: %w", keyfmt.Quote(a.key), err)
+			case l.Err() != nil || l.kctx.Err() != nil:
+				<-l.Lost()
+				return fmt.Errorf("etcdlock: waiting for %s: %w", keyfmt.Quote(a.key), l.Err())
+			}
+			// The read is read-only, and the caller's place is kept by
+			// its lease: a waiter rides through a leader change or a
+			// restart of the cluster as long as its lease lives.
+			t := time.NewTimer(retryPause)
+			select {
+			case <-t.C:
+			case <-rctx.Done():
+				t.Stop()
+			}
+			continue
 		}
 		a.replied = true
 		if len(resp.Responses[0].GetResponseRange().Kvs) == 0 {
@@ -374,6 +396,10 @@ func (a *attempt) wait(dir string) error {
 		}
 	}
 }
+
+// retryPause is how long a waiter pauses before it reads the queue again
+// after a failed read (a leader change, a member restarting).
+const retryPause = 50 * time.Millisecond
 
 // waitDelete waits for the deletion of key after rev, or for the watch to
 // end for another reason (a compaction, a member lost): either way the
