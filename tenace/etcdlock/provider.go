@@ -125,7 +125,7 @@ func New(client *clientv3.Client, opts ...Option) *Provider {
 	for _, o := range opts {
 		o.apply(p)
 	}
-	p.window = p.window.Round(time.Second)
+	p.window = (p.window + time.Second - 1).Truncate(time.Second) // etcd's whole seconds, rounded up
 	if p.interval == 0 {
 		p.interval = p.window / 3
 	}
