@@ -16,11 +16,13 @@ import (
 // at run time never does (see TestConformance/BadInput).
 func TestOptionMisusePanics(t *testing.T) {
 	for name, f := range map[string]func(){
-		"nil client":               func() { etcdlock.New(nil) },
-		"window under 1s":          func() { etcdlock.WithWindow(500 * time.Millisecond) },
-		"TTL not positive":         func() { etcdlock.WithTTL(0) },
-		"interval not positive":    func() { etcdlock.WithRenewInterval(0) },
-		"interval past the margin": func() { etcdlock.New(&clientv3.Client{}, etcdlock.WithWindow(2*time.Second), etcdlock.WithRenewInterval(1600*time.Millisecond)) },
+		"nil client":            func() { etcdlock.New(nil) },
+		"window under 1s":       func() { etcdlock.WithWindow(500 * time.Millisecond) },
+		"TTL not positive":      func() { etcdlock.WithTTL(0) },
+		"interval not positive": func() { etcdlock.WithRenewInterval(0) },
+		"interval past the margin": func() {
+			etcdlock.New(&clientv3.Client{}, etcdlock.WithWindow(2*time.Second), etcdlock.WithRenewInterval(1600*time.Millisecond))
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			defer func() {
