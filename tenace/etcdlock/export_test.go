@@ -1,0 +1,21 @@
+package etcdlock
+
+import (
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"tenace.dev/tenace"
+)
+
+// LeaseID is the etcd lease behind l.
+func LeaseID(l tenace.LockLease) clientv3.LeaseID { return l.(*lease).id }
+
+// EtcdKey is l's key in etcd.
+func EtcdKey(l tenace.LockLease) string { return l.(*lease).name }
+
+// Dir is the etcd prefix of key's queue.
+func (p *Provider) Dir(key string) string { return p.dir(key) }
+
+// SetBeforeWatch sets a hook that runs in a waiter after it read its
+// predecessor and before it watches it, with the revision the watch starts
+// from; call it before p's first Acquire.
+func (p *Provider) SetBeforeWatch(f func(rev int64)) { p.beforeWatch = f }

@@ -1,0 +1,512 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/connectivity"
+
+	"tenace.dev/tenace"
+	"tenace.dev/tenace/internal/keyfmt"
+	"tenace.dev/tenace/internal/noreply"
+	"tenace.dev/tenace/policy"
+)
+
+// Defaults.
+const (
+	// DefaultWindow is the TTL of the etcd lease behind each grant: a holder
+	// that dies, or stops reaching the cluster, frees the key within it.
+	DefaultWindow = 15 * time.Second
+	// DefaultPrefix namespaces the lock keys in etcd.
+	DefaultPrefix = "tenace/lock/"
+	// MaxMargin bounds the margin by which a lease reports its loss before
+	// the expiry etcd was last told (see WithWindow).
+	MaxMargin = time.Second
+)
+
+// cleanupTimeout bounds the revoke of a waiter that gave up, of a lease lost
+// or held at Close, and a Release whose ctx has no deadline.
+const cleanupTimeout = 5 * time.Second
+
+// Provider is a tenace.LockProvider on etcd. It is safe for concurrent use;
+// create it with New and Close it when done. It does not own the client:
+// close the client after the provider.
+//
+// Goroutines: one per held lease and per waiting caller past its first
+// request (its keepalive), and the client's own (gRPC, watches).
+type Provider struct {
+	client   *clientv3.Client
+	prefix   string
+	ttl      time.Duration // default cap of a hold; 0: none
+	window   time.Duration
+	interval time.Duration // 0 until New settles it
+
+	held    atomic.Int64
+	waiting atomic.Int64
+	longest atomic.Int64
+
+	closed    context.Context // ends at Close; its cause is tenace.ErrProviderClosed
+	close     context.CancelCauseFunc
+	mu        sync.Mutex // guards leases, isClosed and queues
+	leases    map[*lease]struct{}
+	isClosed  bool
+	queues    map[string]int
+	keysWith  []int // keysWith[n]: keys with n queued waiters
+	endedOnce sync.Once
+	bg        sync.WaitGroup // keepers of leases and background revokes
+
+	beforeWatch func(rev int64) // a test hook (see SetBeforeWatch); nil otherwise
+}
+
+var (
+	_ tenace.LockProvider  = (*Provider)(nil)
+	_ tenace.StatsProvider = (*Provider)(nil)
+)
+
+// Option configures New.
+type Option interface{ apply(*Provider) }
+
+type optionFunc func(*Provider)
+
+func (f optionFunc) apply(p *Provider) { f(p) }
+
+// WithTTL sets the default cap of a hold, used when the call gives no TTL
+// (by default none: held until Release or a loss). It panics if d is not
+// positive.
+func WithTTL(d time.Duration) Option {
+	if d <= 0 {
+		panic("tenace: etcdlock.WithTTL: the TTL must be positive")
+	}
+	return optionFunc(func(p *Provider) { p.ttl = d })
+}
+
+// WithWindow sets the TTL of the etcd lease behind each grant (DefaultWindow),
+// rounded up to whole seconds as etcd keeps it; etcd may raise it to its own
+// minimum (1.5 × the election timeout, 2s with etcd's defaults). A holder
+// that dies frees the key within one window; a lease whose keepalives fail
+// is reported lost a margin — a quarter of the window, at most MaxMargin —
+// before the expiry etcd was last told (measured from before that keepalive
+// was sent). It panics if d is under a second.
+func WithWindow(d time.Duration) Option {
+	if d < time.Second {
+		panic("tenace: etcdlock.WithWindow: the window must be at least 1s (etcd keeps lease TTLs in seconds)")
+	}
+	return optionFunc(func(p *Provider) { p.window = d })
+}
+
+// WithRenewInterval sets how often a lease is kept alive; by default a third
+// of the window. New panics if it is not below the window less its margin;
+// WithRenewInterval panics if d is not positive.
+func WithRenewInterval(d time.Duration) Option {
+	if d <= 0 {
+		panic("tenace: etcdlock.WithRenewInterval: the interval must be positive")
+	}
+	return optionFunc(func(p *Provider) { p.interval = d })
+}
+
+// WithPrefix sets the namespace of the lock keys (DefaultPrefix). Every
+// process that locks the same keys must use the same prefix.
+func WithPrefix(prefix string) Option {
+	return optionFunc(func(p *Provider) { p.prefix = prefix })
+}
+
+// New returns a provider on client. It panics if client is nil.
+func New(client *clientv3.Client, opts ...Option) *Provider {
+	if client == nil {
+		panic("tenace: etcdlock.New: nil client")
+	}
+	p := &Provider{client: client, prefix: DefaultPrefix, window: DefaultWindow, leases: map[*lease]struct{}{}, queues: map[string]int{}}
+	for _, o := range opts {
+		o.apply(p)
+	}
+	p.window = (p.window + time.Second - 1).Truncate(time.Second) // etcd's whole seconds, rounded up
+	if p.interval == 0 {
+		p.interval = p.window / 3
+	}
+	if p.interval >= p.window-margin(p.window) {
+		panic(fmt.Sprintf("tenace: etcdlock.New: the renewal interval (%v) must be below the window less its margin (%v)", p.interval, p.window-margin(p.window)))
+	}
+	p.closed, p.close = context.WithCancelCause(context.Background())
+	return p
+}
+
+// margin is how long before the expiry etcd was told a lease reports its
+// loss: a quarter of the window, at most MaxMargin. It covers a loss timer
+// that fires late on a loaded machine, and the keepalive call that must
+// return at its deadline.
+func margin(window time.Duration) time.Duration { return min(window/4, MaxMargin) }
+
+// ErrUnreachable is wrapped by the error Acquire returns at once when the
+// client's connection to the cluster is in TRANSIENT_FAILURE: no member
+// could be reached at its last try.
+var ErrUnreachable = errors.New("etcdlock: no etcd member can be reached (the client's connection is in TRANSIENT_FAILURE); check the endpoints and that the cluster runs")
+
+// errClosed is what Acquire returns on a closed provider.
+var errClosed = fmt.Errorf("%w (etcdlock.Provider.Close was called)", tenace.ErrProviderClosed)
+
+// dir is the etcd prefix of key's queue: every waiter and the holder have a
+// key under it. The key is escaped so that it contains no "/" (as "%2F",
+// and "%" as "%25"): no key's queue lies inside another's.
+func (p *Provider) dir(key string) string {
+	return p.prefix + escaper.Replace(key) + "/"
+}
+
+var escaper = strings.NewReplacer("%", "%25", "/", "%2F")
+
+// Acquire waits for key and returns its lease: a lease when granted; (nil,
+// nil) when etcd said the key is held and the wait ran out of opts.Timeout
+// (at once with NoWait); (nil, ctx's error) when ctx ends first; (nil, err)
+// when etcd fails, cannot be reached (ErrUnreachable, at once), does not
+// answer within the Timeout (an error wrapping tenace.ErrNoReply, once a
+// request has gone unanswered 250ms or more), or the provider is closed (an
+// error wrapping tenace.ErrProviderClosed). Invalid input returns an error
+// wrapping tenace.ErrMissingKey or tenace.ErrInvalidOption. A nil ctx
+// panics.
+//
+// When it returns no lease, the caller's queue entry is revoked before it
+// returns if etcd answers (within 10ms past a Timeout, 1s otherwise; else
+// the revoke goes on in the background, bounded by 5s); if etcd never
+// answers it, keepalives have stopped and the entry lapses within one
+// window.
+func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
+	if ctx == nil {
+		panic("tenace: etcdlock.Provider.Acquire: nil ctx")
+	}
+	if err := tenace.ValidateAcquire(key, opts); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if p.closed.Err() != nil {
+		return nil, errClosed
+	}
+	actx, cancel := tenace.AcquireContext(ctx, opts)
+	defer cancel()
+	base := actx
+	if !policy.IsSystemClock(opts.Clock) {
+		// actx's deadline is on opts.Clock, and gRPC would take it for a
+		// real one (with a clock behind real time every call would time
+		// out at once): the calls get ctx's deadline, and end with actx.
+		call, cancelCall := context.WithCancelCause(ctx)
+		stop := context.AfterFunc(actx, func() { cancelCall(context.Cause(actx)) })
+		defer func() { stop(); cancelCall(nil) }()
+		base = call
+	}
+	wctx, wcancel := context.WithCancelCause(base)
+	defer wcancel(nil)
+	stop := context.AfterFunc(p.closed, func() { wcancel(tenace.ErrProviderClosed) })
+	defer stop()
+
+	a := &attempt{p: p, ctx: ctx, wctx: wctx, key: key, opts: opts, sent: time.Now()}
+	if err := p.reach(wctx); err != nil {
+		if errors.Is(err, ErrUnreachable) {
+			return nil, fmt.Errorf("%w (acquiring %s)", err, keyfmt.Quote(key))
+		}
+		return a.failed(fmt.Errorf("etcdlock: connecting to etcd for %s: %w", keyfmt.Quote(key), err))
+	}
+	l, err := a.run()
+	if l == nil && a.l != nil {
+		a.l.abandon(a.abandonWait())
+	}
+	return l, err
+}
+
+// abandonWait is how long an Acquire that gives up waits for etcd to take
+// it out of the queue: as long as the revoke takes (at most giveUpWait)
+// when etcd answered its last request, so that the next caller finds the
+// key as the caller left it; not at all when etcd did not answer (the
+// revoke goes on in the background, bounded by cleanupTimeout); and within
+// the 50ms the Timeout's bound allows when the Timeout ended the wait.
+func (a *attempt) abandonWait() time.Duration {
+	switch {
+	case !a.replied:
+		return 0
+	case tenace.TimedOut(a.ctx, a.wctx):
+		return timeoutSlack
+	default:
+		return giveUpWait
+	}
+}
+
+// giveUpWait bounds the wait of an Acquire that gives up for its revoke,
+// when etcd answered its last request (see abandonWait).
+const giveUpWait = time.Second
+
+// timeoutSlack is how long past its Timeout an Acquire may wait for its
+// revoke: within the bound of Timeout + 50ms.
+const timeoutSlack = 10 * time.Millisecond
+
+// reach returns once the client's connection is ready, or ErrUnreachable
+// when no member can be reached: the etcd client sends its requests with
+// gRPC's WaitForReady, so that without this check a request to a cluster
+// that is down waits for ctx instead of failing. A connection in
+// TRANSIENT_FAILURE (its last dials failed) dials again at once, and gets
+// reconnectWait to succeed; an idle one is woken and waited for within ctx
+// (a member that accepts connections and does not answer keeps it
+// connecting: the Timeout then reports ErrNoReply).
+func (p *Provider) reach(ctx context.Context) error {
+	conn := p.client.ActiveConnection()
+	redialed := false
+	for {
+		st := conn.GetState()
+		wctx := ctx
+		switch st {
+		case connectivity.Ready:
+			return nil
+		case connectivity.Shutdown:
+			return errors.New("etcdlock: the etcd client is closed; close the provider before its client")
+		case connectivity.Idle:
+			conn.Connect()
+		case connectivity.TransientFailure:
+			if redialed {
+				return ErrUnreachable
+			}
+			redialed = true
+			conn.ResetConnectBackoff()
+			var cancel context.CancelFunc
+			wctx, cancel = context.WithTimeout(ctx, reconnectWait)
+			defer cancel()
+		}
+		if !conn.WaitForStateChange(wctx, st) {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return ErrUnreachable // still in TRANSIENT_FAILURE
+		}
+	}
+}
+
+// reconnectWait is how long reach lets a connection in TRANSIENT_FAILURE
+// dial again before it reports the cluster unreachable: a dial to a member
+// that is down fails in a round trip or less.
+const reconnectWait = 500 * time.Millisecond
+
+// attempt is one call of Acquire.
+type attempt struct {
+	p       *Provider
+	ctx     context.Context // the caller's
+	wctx    context.Context // ends with ctx, the Timeout, or Close
+	key     string
+	opts    tenace.LockAcquireOptions
+	l       *lease // from the lease grant on
+	sent    time.Time
+	replied bool // etcd answered a request of this attempt
+}
+
+func (a *attempt) run() (tenace.LockLease, error) {
+	p := a.p
+	a.sent = time.Now()
+	g, err := p.client.Grant(a.wctx, int64(p.window/time.Second))
+	if err != nil {
+		return a.failed(fmt.Errorf("etcdlock: granting an etcd lease for %s: %w", keyfmt.Quote(a.key), err))
+	}
+	a.replied = true
+	dir := p.dir(a.key)
+	if a.l, err = p.newLease(a.key, fmt.Sprintf("%s%016x", dir, int64(g.ID)), g.ID, a.sent, time.Duration(g.TTL)*time.Second); err != nil {
+		return nil, err
+	}
+
+	// Join the queue and read its head in one request.
+	a.sent, a.replied = time.Now(), false
+	resp, err := p.client.Txn(a.wctx).Then(
+		clientv3.OpPut(a.l.name, "", clientv3.WithLease(g.ID)),
+		clientv3.OpGet(dir, clientv3.WithFirstCreate()...),
+	).Commit()
+	if err != nil {
+		return a.failed(fmt.Errorf("etcdlock: queueing for %s: %w", keyfmt.Quote(a.key), err))
+	}
+	a.replied = true
+	a.l.rev = resp.Header.Revision // the put's create revision: the only write of the Txn
+	head := resp.Responses[1].GetResponseRange().Kvs
+	if len(head) == 0 || head[0].CreateRevision != a.l.rev {
+		if a.opts.Timeout == tenace.NoWait {
+			return nil, nil
+		}
+		a.queue(1)
+		defer a.queue(-1)
+		if err := a.wait(dir); err != nil {
+			return a.failed(err)
+		}
+	}
+	// The head of the queue. A ctx that ended as the grant landed wins: the
+	// caller gave up (see the package doc).
+	if a.wctx.Err() != nil {
+		return a.failed(a.wctx.Err())
+	}
+	return p.grant(a.l, a.opts)
+}
+
+// wait waits until no key of dir was created before the caller's, watching
+// only its predecessor (the last created before it), as concurrency.Mutex
+// does: a release wakes one waiter, not all. A compaction that removes the
+// revision a watch starts from makes it look again.
+func (a *attempt) wait(dir string) error {
+	p, l := a.p, a.l
+	// The reads end when the wait does, or when the caller's lease is lost
+	// (its keeper's context ends).
+	rctx, cancel := context.WithCancel(a.wctx)
+	defer cancel()
+	stop := context.AfterFunc(l.kctx, cancel)
+	defer stop()
+	for {
+		a.sent, a.replied = time.Now(), false
+		resp, err := p.client.Txn(rctx).Then(
+			clientv3.OpGet(l.name),
+			clientv3.OpGet(dir, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(l.rev-1))...),
+		).Commit()
+		if err != nil {
+			switch {
+			case a.wctx.Err() != nil:
+				return fmt.Errorf("etcdlock: waiting for %s: %w", keyfmt.Quote(a.key), err)
+			case l.Err() != nil || l.kctx.Err() != nil:
+				<-l.Lost()
+				return fmt.Errorf("etcdlock: waiting for %s: %w", keyfmt.Quote(a.key), l.Err())
+			}
+			// The read is read-only, and the caller's place is kept by
+			// its lease: a waiter rides through a leader change or a
+			// restart of the cluster as long as its lease lives.
+			t := time.NewTimer(retryPause)
+			select {
+			case <-t.C:
+			case <-rctx.Done():
+				t.Stop()
+			}
+			continue
+		}
+		a.replied = true
+		if len(resp.Responses[0].GetResponseRange().Kvs) == 0 {
+			return fmt.Errorf("etcdlock: waiting for %s: the caller's place in the queue vanished (its etcd lease expired or was revoked)", keyfmt.Quote(a.key))
+		}
+		pred := resp.Responses[1].GetResponseRange().Kvs
+		if len(pred) == 0 {
+			return nil
+		}
+		if p.beforeWatch != nil {
+			p.beforeWatch(resp.Header.Revision + 1)
+		}
+		if err := a.waitDelete(string(pred[0].Key), resp.Header.Revision+1); err != nil {
+			return err
+		}
+	}
+}
+
+// retryPause is how long a waiter pauses before it reads the queue again
+// after a failed read (a leader change, a member restarting).
+const retryPause = 50 * time.Millisecond
+
+// waitDelete waits for the deletion of key after rev, or for the watch to
+// end for another reason (a compaction, a member lost): either way the
+// caller looks at the queue again.
+func (a *attempt) waitDelete(key string, rev int64) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(a.wctx))
+	defer cancel()
+	wch := a.p.client.Watch(wctx, key, clientv3.WithRev(rev), clientv3.WithFilterPut())
+	for {
+		select {
+		case <-a.l.Lost():
+			return fmt.Errorf("etcdlock: waiting for %s: %w", keyfmt.Quote(a.key), a.l.Err())
+		case <-a.wctx.Done():
+			return a.wctx.Err()
+		case wr, ok := <-wch:
+			if !ok || wr.Canceled || wr.Err() != nil {
+				if a.wctx.Err() != nil {
+					return a.wctx.Err()
+				}
+				return nil // look again
+			}
+			if len(wr.Events) > 0 {
+				return nil
+			}
+		}
+	}
+}
+
+// queue counts the caller as waiting (d = 1) or no longer (d = -1), once
+// its place in the queue is fixed in etcd.
+func (a *attempt) queue(d int) {
+	p := a.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := p.queues[a.key]
+	if n > 0 {
+		p.keysWith[n]--
+	}
+	n += d
+	if n == 0 {
+		delete(p.queues, a.key)
+	} else {
+		p.queues[a.key] = n
+		for len(p.keysWith) <= n {
+			p.keysWith = append(p.keysWith, 0)
+		}
+		p.keysWith[n]++
+	}
+	longest := max(int(p.longest.Load()), n)
+	for longest > 0 && p.keysWith[longest] == 0 {
+		longest--
+	}
+	p.longest.Store(int64(longest))
+	p.waiting.Add(int64(d))
+}
+
+// failed says why the attempt ended without a grant, err being the failure
+// of its last step: ctx's error when the caller's ctx ended; the closed
+// error after Close; for the Timeout, (nil, nil) when etcd had answered (the
+// key is held) or the request in flight was cut short too soon to call
+// etcd silent, else an error wrapping tenace.ErrNoReply; err otherwise.
+func (a *attempt) failed(err error) (tenace.LockLease, error) {
+	if cerr := a.ctx.Err(); cerr != nil {
+		return nil, cerr
+	}
+	if a.p.closed.Err() != nil {
+		return nil, errClosed
+	}
+	if tenace.TimedOut(a.ctx, a.wctx) {
+		if a.replied || noreply.Unanswered(a.wctx, a.sent) < noreply.Grace {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("%w: etcdlock: a request for %s went unanswered for %v, until the call's %v Timeout (%v)",
+			tenace.ErrNoReply, keyfmt.Quote(a.key), noreply.Unanswered(a.wctx, a.sent).Round(time.Millisecond), a.opts.Timeout, err)
+	}
+	return nil, err
+}
+
+// Stats reports the leases held through this provider (granted, not yet
+// released nor lost), the callers waiting in this process (from the moment
+// their place in etcd's queue is fixed until they are granted or give up),
+// and the most waiting for one key. Three atomic loads.
+func (p *Provider) Stats() tenace.LockStats {
+	return tenace.LockStats{Held: int(p.held.Load()), Waiting: int(p.waiting.Load()), LongestQueue: int(p.longest.Load())}
+}
+
+// Close ends the provider: callers waiting in Acquire return an error
+// wrapping tenace.ErrProviderClosed, and so do later calls; every lease
+// still held is lost (all their Lost channels close first), then their
+// etcd leases are revoked in parallel (each bounded by 5s; one etcd does
+// not answer lapses within its window). It returns once the provider's
+// goroutines have ended; it is idempotent and returns nil. It does not
+// close the client.
+func (p *Provider) Close() error {
+	p.endedOnce.Do(func() {
+		p.close(tenace.ErrProviderClosed)
+		p.mu.Lock()
+		p.isClosed = true
+		held := make([]*lease, 0, len(p.leases))
+		for l := range p.leases {
+			held = append(held, l)
+		}
+		p.mu.Unlock()
+		for _, l := range held {
+			l.lose(fmt.Errorf("%w: etcdlock: the provider was closed while the lock on %s was held", tenace.ErrLeaseLost, keyfmt.Quote(l.key)))
+		}
+	})
+	p.bg.Wait()
+	return nil
+}
