@@ -13,9 +13,9 @@ import (
 	"google.golang.org/grpc/connectivity"
 
 	"tenace.dev/tenace"
+	"tenace.dev/tenace/clock"
 	"tenace.dev/tenace/internal/keyfmt"
 	"tenace.dev/tenace/internal/noreply"
-	"tenace.dev/tenace/policy"
 )
 
 // Defaults.
@@ -190,7 +190,7 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	actx, cancel := tenace.AcquireContext(ctx, opts)
 	defer cancel()
 	base := actx
-	if !policy.IsSystemClock(opts.Clock) {
+	if !clock.IsSystem(opts.Clock) {
 		// actx's deadline is on opts.Clock, and gRPC would take it for a
 		// real one (with a clock behind real time every call would time
 		// out at once): the calls get ctx's deadline, and end with actx.
