@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.opentelemetry.io/otel/sdk/metric"
 
 	"tenace.dev/tenace"
+	"tenace.dev/tenace/etcdlock"
 	"tenace.dev/tenace/locktest"
 	"tenace.dev/tenace/oteltenace"
 	"tenace.dev/tenace/pglock"
@@ -94,5 +96,17 @@ func TestDistributedProvidersFromOutside(t *testing.T) {
 	defer cancel()
 	if _, err := pglock.New(dctx, "postgres://nobody@127.0.0.1:1/none?connect_timeout=2"); err == nil {
 		t.Fatal("pglock.New on a closed port succeeded")
+	}
+
+	ec, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}, DialTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ec.Close()
+	el := etcdlock.New(ec)
+	defer el.Close()
+	lease, err := el.Acquire(ctx, "k", tenace.LockAcquireOptions{Timeout: time.Second})
+	if err == nil {
+		t.Fatalf("etcdlock on a closed port: lease %v, want an error", lease)
 	}
 }
