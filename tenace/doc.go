@@ -58,11 +58,17 @@
 //	an option out of range                   an error wrapping ErrInvalidOption, naming it
 //	                                         (also one the provider refuses: event lock.failed)
 //	lock not acquired within its Timeout     *LockNotAcquiredError{Key}; event lock.rejected
+//	                                         (the server answered that another holds it)
 //	ctx ends while waiting for the lock      ctx's error; fn does not run, even if the
 //	                                         grant lands at that moment
-//	the provider fails                       *UnexpectedError wrapping the cause
+//	the provider fails, refuses the          *UnexpectedError wrapping the cause; event
+//	connection, or does not answer           lock.failed (silence wraps ErrNoReply)
 //	WithTimeout's deadline passes            *TimeoutError; errors.Is context.DeadlineExceeded
 //	Get with any error                       the zero value and the error
+//
+// An outage is an error, never contention: a provider returns "not
+// granted" only when its server answered that another caller holds the
+// key, and the Lock's Timeout bounds the wait even on a stalled server.
 //
 // Programming mistakes (a nil fn, a nil step, WithShards(0)) panic with a
 // "tenace: " prefix; nothing passed at run time does.
