@@ -4,6 +4,21 @@ go 1.25
 
 require tenace.dev v0.0.0
 
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/dgryski/go-rendezvous v0.0.0-20200823014737-9f7001d12a5f // indirect
+	github.com/failsafe-go/failsafe-go v0.9.8 // indirect
+	github.com/redis/go-redis/v9 v9.17.3 // indirect
+	github.com/stretchr/testify v1.12.1 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
+)
+
 // The core module is two directories up; go.work ties them for development,
 // and this replace lets the module build on its own too.
 replace tenace.dev => ../../
+
+// The Redis tests use the Redis provider, a module of its own beside this
+// one (the lead converts these lines to published versions with the rest).
+require tenace.dev/tenace/redislock v0.0.0
+
+replace tenace.dev/tenace/redislock => ../redislock
