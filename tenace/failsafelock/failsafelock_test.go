@@ -291,39 +291,43 @@ func TestBulkheadBoundsTheWaiters(t *testing.T) {
 
 // Executions with the same key run one at a time.
 func TestExclusion(t *testing.T) {
-	p := newMemory(t)
-	testExclusion(t, p, 8, 50)
+	testExclusion(t, []tenace.LockProvider{newMemory(t)}, 8, 50)
 }
 
-// testExclusion runs workers×rounds executions through Retry and a Lock on
-// one key of p, and checks that no two overlapped.
-func testExclusion(t *testing.T, p tenace.LockProvider, workers, rounds int) {
+// testExclusion runs, for each of providers, workers goroutines of rounds
+// executions through Retry and a Lock on one key, and checks that no two
+// overlapped, whichever provider they went through.
+func testExclusion(t *testing.T, providers []tenace.LockProvider, workers, rounds int) {
 	t.Helper()
-	lock := failsafelock.New[int](tenace.LockOptions{Provider: p, Key: "counter"})
-	retry := retrypolicy.NewWithDefaults[int]()
 	var inside atomic.Int32
 	counter := 0 // guarded by the lock alone: -race reports a broken one
 	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for range rounds {
-				_, err := failsafe.With(retry, lock).Get(func() (int, error) {
-					if n := inside.Add(1); n != 1 {
-						t.Errorf("%d executions inside the lock at once", n)
+	for _, p := range providers {
+		lock := failsafelock.New[int](tenace.LockOptions{Provider: p, Key: "counter"})
+		retry := retrypolicy.NewWithDefaults[int]()
+		for range workers {
+			wg.Go(func() {
+				for range rounds {
+					_, err := failsafe.With(retry, lock).Get(func() (int, error) {
+						if n := inside.Add(1); n != 1 {
+							t.Errorf("%d executions inside the lock at once", n)
+						}
+						counter++
+						inside.Add(-1)
+						return counter, nil
+					})
+					if err != nil {
+						t.Error(err)
 					}
-					counter++
-					inside.Add(-1)
-					return counter, nil
-				})
-				if err != nil {
-					t.Error(err)
 				}
-			}
-		})
+			})
+		}
 	}
 	wg.Wait()
-	require.Equal(t, workers*rounds, counter)
-	requireFree(t, p, "counter")
+	require.Equal(t, len(providers)*workers*rounds, counter)
+	for _, p := range providers {
+		requireFree(t, p, "counter")
+	}
 }
 
 // fn finds the lease and its fencing token in exec.Context(), also under a
