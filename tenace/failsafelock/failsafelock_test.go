@@ -166,7 +166,7 @@ func TestTimeoutEndsTheWork(t *testing.T) {
 	p := newMemory(t)
 	lock := failsafelock.New[string](tenace.LockOptions{Provider: p, Key: "k"})
 	_, err := failsafe.With(timeout.New[string](20*time.Millisecond), lock).GetWithExecution(func(exec failsafe.Execution[string]) (string, error) {
-		<-exec.Context().Done()
+		awaitDone(t, exec.Context())
 		l, err := p.Acquire(bg, "k", tenace.LockAcquireOptions{Timeout: tenace.NoWait})
 		require.NoError(t, err)
 		require.Nil(t, l, "the lock is held while fn runs, even after the timeout")
@@ -365,7 +365,7 @@ func TestLostLeaseEndsTheWork(t *testing.T) {
 		Build()
 	_, err := failsafe.With(lock).GetWithExecution(func(exec failsafe.Execution[string]) (string, error) {
 		p.last.Load().Lose(nil)
-		<-exec.Context().Done()
+		awaitDone(t, exec.Context())
 		return "", context.Cause(exec.Context())
 	})
 	require.ErrorIs(t, err, tenace.ErrLeaseLost)
@@ -456,7 +456,7 @@ func TestHedgeSeesItself(t *testing.T) {
 	hedge := hedgepolicy.NewBuilderWithDelay[string](time.Millisecond).WithMaxHedges(1).Build()
 	got, err := failsafe.With(hedge, lock).GetWithExecution(func(exec failsafe.Execution[string]) (string, error) {
 		if !exec.IsHedge() {
-			<-exec.Context().Done() // the hedge's result cancels the first attempt
+			awaitDone(t, exec.Context()) // the hedge's result cancels the first attempt
 			return "first", nil
 		}
 		require.Equal(t, 1, exec.Hedges())

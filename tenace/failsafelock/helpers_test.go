@@ -116,3 +116,15 @@ func (nopLease) Release(context.Context) error { return nil }
 func (grantAll) Acquire(context.Context, string, tenace.LockAcquireOptions) (tenace.LockLease, error) {
 	return nopLease{}, nil
 }
+
+// awaitDone returns once ctx has ended, and fails the test if it has not
+// within 10 s: a bridge that never ends fn's context fails instead of
+// hanging the run.
+func awaitDone(t *testing.T, ctx context.Context) {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Error("fn's context did not end within 10s")
+	}
+}

@@ -106,7 +106,7 @@ func TestRedisTimeoutAndPanic(t *testing.T) {
 	requireFree(t, p, "k")
 
 	_, err = failsafe.With(timeout.New[string](50*time.Millisecond), lock).GetWithExecution(func(exec failsafe.Execution[string]) (string, error) {
-		<-exec.Context().Done()
+		awaitDone(t, exec.Context())
 		return "", exec.Context().Err()
 	})
 	require.ErrorIs(t, err, timeout.ErrExceeded)
@@ -164,7 +164,7 @@ func TestRedisLostLease(t *testing.T) {
 	lock := failsafelock.New[string](tenace.LockOptions{Provider: p, Key: "k"})
 	_, err := failsafe.With(lock).GetWithExecution(func(exec failsafe.Execution[string]) (string, error) {
 		require.NoError(t, p.Close())
-		<-exec.Context().Done()
+		awaitDone(t, exec.Context())
 		return "", context.Cause(exec.Context())
 	})
 	require.ErrorIs(t, err, tenace.ErrLeaseLost)
