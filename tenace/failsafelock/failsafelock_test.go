@@ -243,7 +243,9 @@ func TestCancelRacingTheGrant(t *testing.T) {
 // A panic in fn goes on up, and the lock is released.
 func TestPanicReleases(t *testing.T) {
 	p := newMemory(t)
-	lock := failsafelock.New[string](tenace.LockOptions{Provider: p, Key: "k"})
+	// A bounded wait: after a leak, the next subtest is rejected (and
+	// fails) instead of waiting forever.
+	lock := failsafelock.New[string](tenace.LockOptions{Provider: p, Key: "k", Timeout: time.Second})
 	pipelines := map[string]failsafe.Executor[string]{
 		"lock":                 failsafe.With(lock),
 		"retry, timeout, lock": failsafe.With(retrypolicy.NewWithDefaults[string](), timeout.New[string](time.Hour), lock),
