@@ -147,7 +147,13 @@ func TestCircuitBreakerSeesProviderFailures(t *testing.T) {
 func TestTimeoutEndsTheWait(t *testing.T) {
 	p := newMemory(t)
 	holder := hold(t, p, "k")
-	lock := failsafelock.New[string](tenace.LockOptions{Provider: p, Key: "k"}) // waits as long as ctx allows
+	var events []string
+	// The lock's own Timeout bounds a wait the execution's context would
+	// not reach: such a wait ends rejected, not cancelled, and the test
+	// fails instead of hanging.
+	lock := failsafelock.NewBuilder[string](tenace.LockOptions{Provider: p, Key: "k", Timeout: 10 * time.Second}).
+		OnEvent(func(e tenace.Event) { events = append(events, e.Name) }).
+		Build()
 	ran := false
 	_, err := failsafe.With(timeout.New[string](20*time.Millisecond), lock).Get(func() (string, error) {
 		ran = true
@@ -155,6 +161,7 @@ func TestTimeoutEndsTheWait(t *testing.T) {
 	})
 	require.ErrorIs(t, err, timeout.ErrExceeded)
 	require.False(t, ran)
+	require.Equal(t, []string{tenace.EventLockAcquiring, tenace.EventLockCancelled}, events)
 	require.Zero(t, p.Stats().Waiting)
 	require.NoError(t, holder.Release(bg))
 	requireFree(t, p, "k")
@@ -180,7 +187,7 @@ func TestTimeoutEndsTheWork(t *testing.T) {
 func TestCancelEndsTheWait(t *testing.T) {
 	p := newMemory(t)
 	holder := hold(t, p, "k")
-	lock := failsafelock.New[string](tenace.LockOptions{Provider: p, Key: "k"})
+	lock := failsafelock.New[string](tenace.LockOptions{Provider: p, Key: "k", Timeout: 10 * time.Second}) // bounded: see TestTimeoutEndsTheWait
 	ctx, cancel := context.WithCancel(bg)
 	done := make(chan error, 1)
 	go func() {
