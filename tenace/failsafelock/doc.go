@@ -110,6 +110,10 @@
 //     for the attempt it hedges.
 //   - Locks are not reentrant (see tenace.Lock): a Lock inside another on
 //     the same key waits for itself. Give nested locks distinct keys.
+//   - fn's context ends when the lock is released (with a provider whose
+//     leases can be lost, such as redislock): finish with it inside fn —
+//     read an HTTP response's body there, not after the execution returns
+//     (failsafehttp's DeferCancel cannot keep it open past the lock).
 //   - The async executions (GetAsync, RunAsync) run on a goroutine of
 //     failsafe-go's, where a panic in fn crashes the process, as it does
 //     without a Lock; the lock is released first.

@@ -69,3 +69,26 @@ func ExampleNewBuilder() {
 	// attempt 2: "stock" is held
 	// -1 <nil>
 }
+
+// A key from what the request already carries: here a tenant id that a
+// middleware put in the context.
+func ExampleBuilder_WithKeyFunc() {
+	type tenantKey struct{}
+	provider := tenace.NewMemoryLockProvider()
+	defer provider.Close()
+
+	lock := failsafelock.NewBuilder[string](tenace.LockOptions{Provider: provider}).
+		WithKeyFunc(func(ctx context.Context) string {
+			tenant, _ := ctx.Value(tenantKey{}).(string)
+			return "billing:" + tenant
+		}).
+		OnAcquired(func(e failsafe.ExecutionEvent[string]) { fmt.Println("locked for", e.Context().Value(tenantKey{})) }).
+		Build()
+
+	ctx := context.WithValue(context.Background(), tenantKey{}, "acme")
+	invoice, err := failsafe.With(lock).WithContext(ctx).Get(func() (string, error) { return "invoice 7", nil })
+	fmt.Println(invoice, err)
+	// Output:
+	// locked for acme
+	// invoice 7 <nil>
+}
