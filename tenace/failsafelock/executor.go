@@ -148,11 +148,13 @@ func mirror[R any](fresh, outer policy.ExecutionInternal[R]) (policy.ExecutionIn
 	for range outer.Retries() {
 		fresh.InitializeRetry()
 	}
-	// Through a copy: a Timeout or a hedge may Cancel outer, which writes
-	// its last result, at any moment; CopyWithResult reads it under outer's
-	// mutex.
-	last := outer.CopyWithResult(nil)
-	fresh.RecordResult(&common.PolicyResult[R]{Result: last.LastResult(), Error: last.LastError()})
+	if outer.Attempts() > 1 { // a first attempt has no last result to carry
+		// Through a copy: a Timeout or a hedge may Cancel outer, which
+		// writes its last result, at any moment; CopyWithResult reads it
+		// under outer's mutex.
+		last := outer.CopyWithResult(nil)
+		fresh.RecordResult(&common.PolicyResult[R]{Result: last.LastResult(), Error: last.LastError()})
+	}
 	if !outer.IsHedge() {
 		return fresh, func() {}
 	}

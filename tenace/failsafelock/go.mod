@@ -2,15 +2,19 @@ module tenace.dev/tenace/failsafelock
 
 go 1.25
 
-require tenace.dev v0.0.0
+require (
+	github.com/failsafe-go/failsafe-go v0.9.8
+	github.com/redis/go-redis/v9 v9.17.3
+	github.com/stretchr/testify v1.12.1
+	go.uber.org/goleak v1.3.0
+	tenace.dev v0.0.0
+)
 
 require (
+	github.com/bits-and-blooms/bitset v1.24.4 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dgryski/go-rendezvous v0.0.0-20200823014737-9f7001d12a5f // indirect
-	github.com/failsafe-go/failsafe-go v0.9.8 // indirect
-	github.com/redis/go-redis/v9 v9.17.3 // indirect
-	github.com/stretchr/testify v1.12.1 // indirect
-	go.uber.org/goleak v1.3.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
 )
 
 // The core module is two directories up; go.work ties them for development,
