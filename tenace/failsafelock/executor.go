@@ -39,9 +39,9 @@ func (e *executor[R]) Apply(innerFn func(failsafe.Execution[R]) *common.PolicyRe
 	return func(exec failsafe.Execution[R]) *common.PolicyResult[R] {
 		outer := exec.(policy.ExecutionInternal[R])
 		ctx := exec.Context()
-		key := e.opts.Key
+		key := e.config.opts.Key
 		if key == "" {
-			key = e.keyFunc(ctx)
+			key = e.config.keyFunc(ctx)
 		}
 		if key == "" {
 			return failure[R](errMissingKey)
@@ -74,11 +74,11 @@ func (e *executor[R]) pipelineFor(exec policy.ExecutionInternal[R]) tenace.Polic
 	return e.pipeline.OnEvent(func(ev tenace.Event) {
 		switch ev.Name {
 		case tenace.EventLockAcquired:
-			call(e.onAcquired, exec, nil)
+			call(e.config.onAcquired, exec, nil)
 		case tenace.EventLockRejected:
-			call(e.onRejected, exec, failure[R](ev.Err))
+			call(e.config.onRejected, exec, failure[R](ev.Err))
 		case tenace.EventLockReleased:
-			call(e.onReleased, exec, nil)
+			call(e.config.onReleased, exec, nil)
 		}
 	})
 }

@@ -475,3 +475,20 @@ func TestHedgeSeesItself(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "hedge", got)
 }
+
+// Build copies the builder's settings: a builder changed after Build does
+// not change the Lock it built, and a Lock is not a Builder.
+func TestBuildCopies(t *testing.T) {
+	p := newMemory(t)
+	var first, second int
+	b := failsafelock.NewBuilder[string](tenace.LockOptions{Provider: p, Key: "k"}).
+		OnAcquired(func(failsafe.ExecutionEvent[string]) { first++ }).
+		OnEvent(func(tenace.Event) {})
+	lock := b.Build()
+	b.OnAcquired(func(failsafe.ExecutionEvent[string]) { second++ }).OnEvent(func(tenace.Event) { second++ })
+	_, err := failsafe.With(lock).Get(func() (string, error) { return "", nil })
+	require.NoError(t, err)
+	require.Equal(t, [2]int{1, 0}, [2]int{first, second})
+	_, isBuilder := any(lock).(failsafelock.Builder[string])
+	require.False(t, isBuilder)
+}

@@ -132,25 +132,27 @@ func (c *config[R]) OnEvent(listener func(tenace.Event)) Builder[R] {
 
 func (c *config[R]) Build() Lock[R] {
 	l := &lock[R]{config: *c}
-	l.onEvent = slices.Clone(c.onEvent) // the builder may append to its own
-	if l.keyFunc == nil {
-		l.keyFunc = keyFromContext
+	l.config.onEvent = slices.Clone(c.onEvent) // the builder may append to its own
+	if l.config.keyFunc == nil {
+		l.config.keyFunc = keyFromContext
 	}
 	// The whole of tenace's Lock step — validation, the acquire, the
 	// cancel-versus-grant race, the release in a defer, the lost-lease
 	// watch, the events — runs as a one-step tenace pipeline: this package
 	// adds only the failsafe-go side.
 	l.pipeline = tenace.NewPolicy().WithLock(c.opts)
-	for _, fn := range l.onEvent {
+	for _, fn := range l.config.onEvent {
 		l.pipeline = l.pipeline.OnEvent(fn)
 	}
-	l.execListeners = l.onAcquired != nil || l.onRejected != nil || l.onReleased != nil
+	l.execListeners = c.onAcquired != nil || c.onRejected != nil || c.onReleased != nil
 	return l
 }
 
-// lock is a built Lock. Immutable once built.
+// lock is a built Lock. Immutable once built: its settings are a named
+// field, not an embedded config, so that the builder's methods are not
+// promoted to it (a type assertion to Builder must not reach a built Lock).
 type lock[R any] struct {
-	config[R]
+	config        config[R]
 	pipeline      tenace.Policy // the Lock step and the OnEvent listeners
 	execListeners bool          // OnAcquired, OnRejected or OnReleased is set
 }
