@@ -5,9 +5,11 @@ package failsafelock_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,10 +27,14 @@ import (
 	"tenace.dev/tenace/redislock"
 )
 
-// newRedis returns a provider on a client of addr, both closed at the end.
-func newRedis(t *testing.T, addr string) *redislock.Provider {
+// newRedis returns a provider on a client of addr with hooks, both closed
+// at the end.
+func newRedis(t *testing.T, addr string, hooks ...redis.Hook) *redislock.Provider {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second, ContextTimeoutEnabled: true})
+	for _, h := range hooks {
+		c.AddHook(h)
+	}
 	p := redislock.New(c)
 	t.Cleanup(func() { _ = p.Close(); _ = c.Close() })
 	return p
@@ -118,15 +124,23 @@ func TestRedisTimeoutAndPanic(t *testing.T) {
 	requireFree(t, p, "k")
 }
 
-// Cancellation racing the grant on Redis: the grant is a release published
-// by another provider, the cancel comes at the same moment; the key is
-// free after every round.
+// Cancellation racing the grant on Redis, three ways in turn: the cancel
+// and the release of the key by another provider at once; the cancel just
+// before the waiter's acquire script goes to the server; the cancel just
+// after its reply came back (the grant landed: the Lock gives it back).
+// Whatever wins, fn runs only under the lock, and afterwards the key is
+// free and both providers hold and queue nothing. Free "within a bound":
+// an acquire whose outcome the provider does not know is voided in the
+// background (redislock), while a leaked lease stays held for good (it is
+// renewed) and an orphaned key for a whole window (15 s), longer than the
+// bound.
 func TestRedisCancelRacingTheGrant(t *testing.T) {
 	srv := redistest.Start(t)
-	p, other := newRedis(t, srv.Addr), newRedis(t, srv.Addr)
+	hook := &cancelHook{}
+	p, other := newRedis(t, srv.Addr, hook), newRedis(t, srv.Addr)
 	lock := failsafelock.New[string](tenace.LockOptions{Provider: p, Key: "k"})
-	var ran, cancelled int
-	for range 40 {
+	var ran, cancelled, fired int
+	for i := range 45 {
 		holder := hold(t, other, "k")
 		ctx, cancel := context.WithCancel(bg)
 		done := make(chan error, 1)
@@ -135,14 +149,27 @@ func TestRedisCancelRacingTheGrant(t *testing.T) {
 			_, err := failsafe.With(lock).WithContext(ctx).Get(func() (string, error) { fnRan = true; return "ok", nil })
 			done <- err
 		}()
-		waiting(t, p, 1)
-		start := make(chan struct{})
-		var wg sync.WaitGroup
-		wg.Go(func() { <-start; cancel() })
-		wg.Go(func() { <-start; _ = holder.Release(bg) })
-		close(start)
-		wg.Wait()
+		waiting(t, p, 1) // its first try found the key held
+		switch i % 3 {
+		case 0:
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			wg.Go(func() { <-start; cancel() })
+			wg.Go(func() { <-start; _ = holder.Release(bg) })
+			close(start)
+			wg.Wait()
+		case 1:
+			hook.arm(cancel, true)
+			require.NoError(t, holder.Release(bg))
+		case 2:
+			hook.arm(cancel, false)
+			require.NoError(t, holder.Release(bg))
+		}
 		err := <-done
+		if i%3 != 0 && hook.armed.Swap(nil) == nil {
+			fired++
+		} // else the waiter's try was on its way when the hook was armed
+		cancel()
 		if fnRan {
 			require.NoError(t, err)
 			ran++
@@ -150,10 +177,57 @@ func TestRedisCancelRacingTheGrant(t *testing.T) {
 			require.ErrorIs(t, err, context.Canceled)
 			cancelled++
 		}
-		requireFree(t, p, "k")
+		eventually(t, "the key free", func() bool {
+			l, err := p.Acquire(bg, "k", tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+			require.NoError(t, err)
+			if l != nil {
+				require.NoError(t, l.Release(bg))
+			}
+			return l != nil
+		})
+		require.Equal(t, tenace.LockStats{}, p.Stats())
 		require.Equal(t, tenace.LockStats{}, other.Stats())
 	}
-	t.Logf("fn ran %d times, cancelled %d times", ran, cancelled)
+	t.Logf("fn ran %d times, cancelled %d times; the hook cancelled %d times of 30", ran, cancelled, fired)
+	require.Greater(t, fired, 15, "the hook seldom saw the waiter's acquire script")
+}
+
+// cancelHook, once armed, calls its cancel function when the client sends
+// the next acquire script (the script with three keys): before sending it,
+// or after its reply came back.
+type cancelHook struct {
+	armed  atomic.Pointer[context.CancelFunc]
+	before atomic.Bool
+}
+
+func (h *cancelHook) arm(cancel context.CancelFunc, before bool) {
+	h.before.Store(before)
+	h.armed.Store(&cancel)
+}
+
+func (h *cancelHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *cancelHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *cancelHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		var cancel context.CancelFunc
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			if args := cmd.Args(); len(args) > 2 && fmt.Sprint(args[2]) == "3" {
+				if c := h.armed.Swap(nil); c != nil {
+					cancel = *c
+				}
+			}
+		}
+		if cancel != nil && h.before.Load() {
+			cancel()
+		}
+		err := next(ctx, cmd)
+		if cancel != nil && !h.before.Load() {
+			cancel()
+		}
+		return err
+	}
 }
 
 // A Redis lease lost while fn runs (its provider closed) ends
