@@ -10,12 +10,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/failsafe-go/failsafe-go"
+	"github.com/failsafe-go/failsafe-go/retrypolicy"
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.opentelemetry.io/otel/sdk/metric"
 
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/etcdlock"
+	"tenace.dev/tenace/failsafelock"
 	"tenace.dev/tenace/locktest"
 	"tenace.dev/tenace/oteltenace"
 	"tenace.dev/tenace/pglock"
@@ -54,6 +57,26 @@ func TestALockExcludesFromOutside(t *testing.T) {
 	wg.Wait()
 	if most != 1 {
 		t.Fatalf("%d callers inside at once, want 1", most)
+	}
+}
+
+// The lock runs inside a failsafe-go pipeline, and a retry outlives contention.
+func TestFailsafeGoFromOutside(t *testing.T) {
+	locks := tenace.NewMemoryLockProvider()
+	defer locks.Close()
+	held, err := locks.Acquire(context.Background(), "report", tenace.LockAcquireOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	retry := retrypolicy.NewBuilder[string]().
+		HandleErrorTypes(&tenace.LockNotAcquiredError{}).
+		WithMaxRetries(-1).
+		OnRetry(func(failsafe.ExecutionEvent[string]) { held.Release(context.Background()) }).
+		Build()
+	lock := failsafelock.New[string](tenace.LockOptions{Provider: locks, Key: "report", Timeout: tenace.NoWait})
+	got, err := failsafe.With[string](retry, lock).Get(func() (string, error) { return "built", nil })
+	if err != nil || got != "built" {
+		t.Fatalf("Get = %q, %v; want built, nil", got, err)
 	}
 }
 
