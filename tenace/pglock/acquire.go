@@ -36,63 +36,66 @@ func (noReply) Unwrap() error { return tenace.ErrNoReply }
 // client (see Acquire):
 const (
 	// verdictLead is how long before the Timeout the server stops waiting
-	// for the key, at most (a quarter of the time left when that is less):
-	// its "held" is then on its way back by the Timeout.
+	// for the key, at most (a third of the time left when that is less):
+	// its "held" is then on its way back by the Timeout. The lead and the
+	// allowance are the time a late "held" has to arrive; the allowance
+	// alone is Acquire's overrun. A loopback answer takes well under a
+	// millisecond; beside two CPU burners on a loaded 2-core machine, a
+	// round trip took 20–90 ms, sometimes 250 ms.
 	verdictLead = 50 * time.Millisecond
 	// replyAllowance is how long past its Timeout an Acquire waits for an
-	// answer that is due before it calls the server silent. A loopback
-	// answer takes well under a millisecond; a loaded machine holds a
-	// goroutine or a backend back by 10–20 ms.
+	// answer that is due before it calls the server silent: issue 25 bounds
+	// the overrun at 50 ms, and the scheduler takes its share of that.
 	replyAllowance = 30 * time.Millisecond
 )
 
 // errGaveUp is the cause of a bounded call's statement context once its
-// Timeout and the reply allowance have passed (see call).
-var errGaveUp = errors.New("pglock: the server did not answer by the Timeout and its allowance")
+// Timeout, the reply allowance and cancelGrace have passed (see
+// runBounded).
+var errGaveUp = errors.New("pglock: the server did not answer the call its Acquire left")
 
 // Acquire waits for key and returns its lease: a lease when granted; (nil,
-// nil) when not granted within opts.Timeout (at once with NoWait) — the
-// server said the key is held by another, or every connection was pinned
-// by callers of this process that hold or wait for the same key; (nil,
-// ctx's error) when ctx ends first; (nil, err) otherwise, never after the
-// Timeout and 25 ms (for a Timeout on the system clock, the server being
-// dialled or not): an error wrapping ErrNoReply when PostgreSQL, dialled,
-// did not answer in time; the dial's error, at once, when the server
-// refused the connection (errors.Is reaches the cause, such as
-// syscall.ECONNREFUSED), or the statement's when the server failed; an
-// error wrapping tenace.ErrProviderClosed once the provider is closed;
-// ErrPoolExhausted (or an error wrapping it) when no connection is free:
-// at once with NoWait, or once the Timeout passed while it waited for one
-// and nobody else in the process holds or waits for key (the key was not
-// asked for, so this is not "not granted"). Invalid input (an empty key, a
-// negative Timeout other than NoWait, a negative TTL) returns an error
-// wrapping tenace.ErrMissingKey or tenace.ErrInvalidOption. A nil ctx
-// panics.
+// nil) when not granted within opts.Timeout (at once with NoWait) because
+// the key is held by another — PostgreSQL said so, or every connection was
+// pinned by callers of this process that hold or wait for the same key, or
+// a lease of this provider holds it; (nil, ctx's error) when ctx ends
+// first; (nil, err) otherwise:
 //
-// The server keeps the Timeout: the acquire statement sets lock_timeout
-// for itself to the Timeout's remainder, less up to 25 ms, and the
-// server's "lock timeout" (SQLSTATE 55P03) is the one answer that Acquire
-// reports as (nil, nil) — on a connection that goes back to the pool, as
-// the server cancelled nothing the client sent. With a Timeout on another
-// Clock (a test's), the server cannot follow it: when it passes, the
-// statement is cancelled, and the server's answer to the cancel counts as
-// "held"; no answer is ErrNoReply.
+//   - an error wrapping ErrNoReply when PostgreSQL, dialled, did not answer
+//     by the Timeout and 30 ms (a Timeout on the system clock: Acquire
+//     returns then, the server calls going on in the background; see the
+//     package doc, Waiting);
+//   - the dial's error, at once, when the server refused the connection or
+//     could not be reached, whatever the Timeout (errors.Is reaches the
+//     cause, such as syscall.ECONNREFUSED), or the statement's when the
+//     server failed;
+//   - an error wrapping tenace.ErrProviderClosed once the provider is closed;
+//   - ErrPoolExhausted (or an error wrapping it) when no connection is free:
+//     at once with NoWait, or once the Timeout passed while it waited for
+//     one and nobody else in the process holds or waits for key (the key
+//     was not asked for, so this is not "not granted");
+//   - for invalid input (an empty key, a negative Timeout other than
+//     NoWait, a negative TTL), an error wrapping tenace.ErrMissingKey or
+//     tenace.ErrInvalidOption.
 //
-// A statement that completes as ctx ends, or after the Timeout's
-// allowance, counts as cut short, whatever it found: a grant is given
-// back, and the call returns ctx's error (with NoWait too), or ErrNoReply;
-// the connection is closed, not reused, since a cancel request may still
-// be on its way to its session. When Acquire returns no lease, this
-// provider holds nothing for the call on the server, or will hold nothing
-// once the server answers again: a connection whose wait was cut short is
-// unlocked and closed, which ends its session and with it any lock the
-// server granted at that moment (at once when the unlock succeeds;
-// otherwise when the server ends the session: a few milliseconds later, or
-// once a stalled server runs again). For ErrNoReply that cleanup goes on
-// in the background, after Acquire returned (Close waits for it). When ctx
-// ends, Acquire waits for the server's answer to the cancel: one round
-// trip, or, when the server does not answer, the Timeout and its
-// allowance, or (Timeout 0, NoWait) 2 s at most.
+// A nil ctx panics.
+//
+// The server keeps the Timeout: the acquire statement sets lock_timeout for
+// itself to what remains of it, less a third and 50 ms at most, and the
+// server's "lock timeout" (SQLSTATE 55P03) is the answer that Acquire
+// reports as (nil, nil), on a connection that goes back to the pool. With a
+// Timeout on another Clock (a test's), the server cannot follow it: when it
+// passes, the statement is cancelled, and the server's answer to the cancel
+// counts as "held"; no answer is ErrNoReply.
+//
+// A statement that completes as ctx ends counts as cut short, whatever it
+// found: a grant is given back, and the call returns ctx's error (with
+// NoWait too); the connection is closed, not reused, since a cancel
+// request may still be on its way to its session. When Acquire returns no
+// lease, this provider holds nothing for the call on the server — for
+// ErrNoReply, nothing once the server answers again: a grant that lands
+// after Acquire left is given back in the background. A stalled backend
+// delays a call without a Timeout by 2 s at most (see the package doc).
 func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
 	if ctx == nil {
 		panic("tenace: pglock.Provider.Acquire: nil context: pass context.Background() or the caller's context")
@@ -149,9 +152,9 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 
 // call is one Acquire past its slot. Its server calls run on wctx: the
 // Timeout's context (AcquireContext) when the call is not bounded; when it
-// is (a Timeout on the system clock), a context that ends replyAllowance
-// after the Timeout, on a worker goroutine that Acquire leaves behind if
-// the server has not answered by then.
+// is (a Timeout on the system clock), on a worker goroutine that Acquire
+// leaves behind if the server has not answered replyAllowance after the
+// Timeout, with a context that ends cancelGrace later (see runBounded).
 //
 // Concurrency: every field but state and phase is set before run starts
 // and read-only after. run alone writes phase. state is the hand-off of a
@@ -399,7 +402,7 @@ func (c *call) statement() (string, []any) {
 
 // lockTimeout is the server's bound on a wait for the key (lock_timeout,
 // in milliseconds) when left remains of the Timeout: verdictLead earlier
-// (a quarter of left when less), so that the server's "held" is on its way
+// (a third of left when less), so that the server's "held" is on its way
 // back by the Timeout; at least 1 ms, since 0 is no bound.
 func lockTimeout(left time.Duration) string {
 	left -= min(left/3, verdictLead)
@@ -551,5 +554,5 @@ func (c *call) noReply() error {
 	if c.bounded {
 		within += fmt.Sprintf(" and %v more", replyAllowance)
 	}
-	return fmt.Errorf("%w: acquiring %s, %s within %s; retry later (what was sent is cancelled, and its connection closed, in the background); if it persists, the server is stalled, overloaded or cut off", ErrNoReply, keyfmt.Quote(c.key), asked, within)
+	return fmt.Errorf("%w: acquiring %s, %s within %s; retry later, and if it persists, the server is stalled, overloaded or cut off (what was sent is cleaned up in the background)", ErrNoReply, keyfmt.Quote(c.key), asked, within)
 }
