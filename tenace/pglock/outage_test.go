@@ -56,9 +56,9 @@ func burnCPU(t *testing.T, n int) (stop func()) {
 	return stop
 }
 
-// lockEvents runs a Lock step with timeout on p for key, and returns its
-// error and the names of its events.
-func lockEvents(p tenace.LockProvider, key string, timeout time.Duration) (error, []string) {
+// lockEvents runs a Lock step with timeout on p for key, and returns the
+// names of its events and its error.
+func lockEvents(p tenace.LockProvider, key string, timeout time.Duration) ([]string, error) {
 	var mu sync.Mutex
 	var events []string
 	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: key, Timeout: timeout}).
@@ -66,10 +66,10 @@ func lockEvents(p tenace.LockProvider, key string, timeout time.Duration) (error
 		Execute(bg, func(context.Context) error { return nil })
 	mu.Lock()
 	defer mu.Unlock()
-	return err, events
+	return events, err
 }
 
-// timeouts names the Timeouts of the outage tests.
+// timeoutName names a Timeout for a subtest.
 func timeoutName(d time.Duration) string {
 	if d == tenace.NoWait {
 		return "NoWait"
@@ -99,7 +99,7 @@ func TestADeadServerIsAnErrorAtOnce(t *testing.T) {
 			require.Less(t, took, bound)
 
 			start = time.Now()
-			err, events := lockEvents(p, key, timeout)
+			events, err := lockEvents(p, key, timeout)
 			took = time.Since(start)
 			var ue *tenace.UnexpectedError
 			require.ErrorAs(t, err, &ue, "a failure, not contention: %v", err)
@@ -145,7 +145,7 @@ func TestAStalledClusterIsNoReply(t *testing.T) {
 			// Every connection is in use now: the Lock's Acquire dials, and
 			// its startup goes unanswered.
 			start, late = time.Now(), control(timeout)
-			err, events := lockEvents(p, key, timeout)
+			events, err := lockEvents(p, key, timeout)
 			took = time.Since(start)
 			t.Logf("Lock on a stalled cluster: %v after %v (a bare timer: %v late)", err, took.Round(time.Millisecond), late().Round(time.Millisecond))
 			var ue *tenace.UnexpectedError
@@ -211,7 +211,7 @@ func TestAHeldKeyIsContentionUnderLoad(t *testing.T) {
 			t.Logf("%d tries on a held key with a %s Timeout: %d heard the server, the longest took %v", tries, timeoutName(timeout), heard, longest.Round(time.Millisecond))
 			require.GreaterOrEqual(t, heard, tries/2, "most tries hear the server's verdict")
 			var rejected *tenace.LockNotAcquiredError
-			if err, events := lockEvents(p, key, timeout); !errors.Is(err, tenace.ErrNoReply) {
+			if events, err := lockEvents(p, key, timeout); !errors.Is(err, tenace.ErrNoReply) {
 				require.ErrorAs(t, err, &rejected)
 				require.Equal(t, []string{"lock.acquiring", "lock.rejected"}, events)
 			}
@@ -225,6 +225,7 @@ func TestAHeldKeyIsContentionUnderLoad(t *testing.T) {
 func TestAcquireNilContextPanics(t *testing.T) {
 	p := newProvider(t, server(t))
 	require.PanicsWithValue(t, "tenace: pglock.Provider.Acquire: nil context: pass context.Background() or the caller's context", func() {
-		_, _ = p.Acquire(nil, keyOf(t, "k"), tenace.LockAcquireOptions{}) //nolint:staticcheck // the misuse under test
+		//lint:ignore SA1012 the misuse under test
+		_, _ = p.Acquire(nil, keyOf(t, "k"), tenace.LockAcquireOptions{})
 	})
 }
