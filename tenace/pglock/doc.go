@@ -137,9 +137,9 @@
 // On a machine so loaded that a loopback round trip takes longer than the
 // slack (a third of the Timeout, 50 ms at most, plus 30 ms), a held key can
 // come back as ErrNoReply: the client cannot tell a late "held" from
-// silence, and reports the failure. (Measured on a 2-core machine at load
-// 10 beside two CPU burners: one try in ten with a 50 ms Timeout, none
-// with 250 ms.)
+// silence, and reports the failure. (Measured on a shared 2-core machine
+// beside two CPU burners, Timeouts of 50 to 250 ms: up to 3 tries in ten at
+// load 10, up to 5 at load 20; on an idle machine, none.)
 //
 // With a Timeout on another Clock (a test's) the server cannot follow it:
 // when it passes, the client cancels the statement, and the server's answer
