@@ -139,7 +139,7 @@
 // come back as ErrNoReply: the client cannot tell a late "held" from
 // silence, and reports the failure. (Measured on a shared 2-core machine
 // beside two CPU burners, Timeouts of 50 to 250 ms: up to 3 tries in ten at
-// load 10, up to 5 at load 20; on an idle machine, none.)
+// load 10, up to 5 at load 20.)
 //
 // With a Timeout on another Clock (a test's) the server cannot follow it:
 // when it passes, the client cancels the statement, and the server's answer
