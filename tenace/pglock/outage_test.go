@@ -184,12 +184,21 @@ func TestAHeldKeyIsContentionUnderLoad(t *testing.T) {
 	p, other := newProvider(t, srv), newProvider(t, srv)
 	key := keyOf(t, "k")
 	held := mustAcquire(t, other, key, tenace.LockAcquireOptions{})
-	// The connection has prepared its statements already.
-	for _, timeout := range []time.Duration{tenace.NoWait, 200 * time.Millisecond} {
-		l, err := p.Acquire(bg, key, tenace.LockAcquireOptions{Timeout: timeout})
-		require.NoError(t, err)
-		require.Nil(t, l)
+	// The pool is warm, as a service's is: a few connections that have
+	// prepared the statements (a try that hears nothing keeps its
+	// connection until the late answer, and the next try takes another).
+	var warm []<-chan result
+	for range 4 {
+		warm = append(warm, acquireAsync(bg, p, key, tenace.LockAcquireOptions{Timeout: 200 * time.Millisecond}))
 	}
+	for _, r := range warm {
+		res := <-r
+		require.NoError(t, res.err)
+		require.Nil(t, res.lease)
+	}
+	l, err := p.Acquire(bg, key, tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+	require.NoError(t, err)
+	require.Nil(t, l)
 	defer burnCPU(t, 2)()
 	for _, timeout := range []time.Duration{tenace.NoWait, 50 * time.Millisecond, 100 * time.Millisecond, 250 * time.Millisecond} {
 		t.Run(timeoutName(timeout), func(t *testing.T) {
