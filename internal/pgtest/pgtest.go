@@ -63,6 +63,7 @@ type Server struct {
 	cmd     *exec.Cmd
 	done    chan error // the postmaster's exit, buffered
 	stopped bool
+	stalled []int // the processes Stall stopped, postmaster first; nil when none
 }
 
 // ErrNotInstalled is returned by New when no PostgreSQL binaries are found.
@@ -256,6 +257,7 @@ func (s *Server) halt(sig syscall.Signal) {
 	if s == nil || s.cmd == nil || s.stopped {
 		return
 	}
+	s.Continue() // a stopped process would never handle sig
 	s.signal(sig)
 	<-s.done
 	s.stopped = true
@@ -268,6 +270,110 @@ func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
 
 // Resume continues the postmaster after Pause (SIGCONT).
 func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+// Stall stops the whole cluster (SIGSTOP): the postmaster first, so that it
+// starts no new process, then every process it started — backends,
+// checkpointer, WAL writer and the rest. Nothing answers then: the kernel
+// still accepts new connections and answers keepalives, but no startup, no
+// statement and no cancel request gets a reply, as on a server that hangs
+// or a machine that froze. Continue resumes it; Stop, Kill, Restart and
+// Close continue it first. Stall fails tb if a process cannot be stopped.
+func (s *Server) Stall(tb testing.TB) {
+	tb.Helper()
+	if s.cmd == nil || s.stopped || s.stalled != nil {
+		tb.Fatalf("pgtest: Stall on a server that is not running, or already stalled")
+	}
+	pm := s.cmd.Process.Pid
+	if err := syscall.Kill(pm, syscall.SIGSTOP); err != nil {
+		tb.Fatalf("pgtest: stopping the postmaster: %v", err)
+	}
+	s.stalled = []int{pm}
+	children, err := childrenOf(pm)
+	if err != nil {
+		s.Continue()
+		tb.Fatalf("pgtest: listing the postmaster's processes: %v", err)
+	}
+	for _, pid := range children {
+		// A child that exits meanwhile (ESRCH) needs no stopping.
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil && !errors.Is(err, syscall.ESRCH) {
+			s.Continue()
+			tb.Fatalf("pgtest: stopping process %d: %v", pid, err)
+		}
+		s.stalled = append(s.stalled, pid)
+	}
+	// A signal is delivered when its process next runs: Stall returns once
+	// every process is stopped, so that nothing runs past it.
+	deadline := time.Now().Add(startTimeout)
+	for _, pid := range s.stalled {
+		for state := procState(pid); state != 'T' && state != 0; state = procState(pid) {
+			if time.Now().After(deadline) {
+				s.Continue()
+				tb.Fatalf("pgtest: process %d did not stop within %v (state %c)", pid, startTimeout, state)
+			}
+			time.Sleep(time.Millisecond) // the kernel tells nobody; ask it again
+		}
+	}
+}
+
+// procState is the state letter of process pid in /proc (T: stopped), 0
+// when it has exited.
+func procState(pid int) byte {
+	f, err := procStat(pid)
+	if err != nil {
+		return 0
+	}
+	return f[0][0]
+}
+
+// procStat returns the fields of /proc/pid/stat after the command's name
+// (state, ppid, ...): the name may hold spaces and parentheses, so they are
+// read after its last ')'.
+func procStat(pid int) ([]string, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil, err
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 2 {
+		return nil, fmt.Errorf("/proc/%d/stat: %q", pid, b)
+	}
+	return f, nil
+}
+
+// Continue resumes a cluster that Stall stopped (SIGCONT), its children
+// before the postmaster; it does nothing when none is stalled.
+func (s *Server) Continue() {
+	for i := len(s.stalled) - 1; i >= 0; i-- {
+		_ = syscall.Kill(s.stalled[i], syscall.SIGCONT)
+	}
+	s.stalled = nil
+}
+
+// StalledPIDs returns the processes Stall stopped, the postmaster first;
+// nil when the server is not stalled.
+func (s *Server) StalledPIDs() []int { return append([]int(nil), s.stalled...) }
+
+// childrenOf returns the processes whose parent is pid, from /proc. The
+// children of a stopped postmaster cannot change but by exiting: it forks
+// no new one.
+func childrenOf(pid int) ([]int, error) {
+	dirs, err := filepath.Glob("/proc/[0-9]*")
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, d := range dirs {
+		child, _ := strconv.Atoi(filepath.Base(d))
+		f, err := procStat(child)
+		if err != nil {
+			continue // it exited
+		}
+		if ppid, _ := strconv.Atoi(f[1]); ppid == pid {
+			pids = append(pids, child)
+		}
+	}
+	return pids, nil
+}
 
 // Stop shuts the server down cleanly (fast shutdown: every session is
 // terminated, the server checkpoints and exits) and waits for it to exit.

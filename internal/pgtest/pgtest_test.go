@@ -1,7 +1,14 @@
 package pgtest_test
 
 import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -35,4 +42,51 @@ func TestStopIsIdempotent(t *testing.T) {
 	}
 	s.Stop()
 	s.Stop() // idempotent
+}
+
+// TestStallStopsEveryProcess: Stall stops the postmaster and each of its
+// processes (state T in /proc), a new connection gets no answer to its
+// startup, and Continue brings the server back.
+func TestStallStopsEveryProcess(t *testing.T) {
+	s := pgtest.Start(t)
+	s.Stall(t)
+	stalled := true
+	defer func() {
+		if stalled {
+			s.Continue()
+		}
+	}()
+	pids := s.StalledPIDs()
+	if len(pids) < 3 { // the postmaster, and at least a checkpointer and a WAL writer
+		t.Fatalf("stalled %v: want the postmaster and its processes", pids)
+	}
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			t.Fatalf("process %d: %v", pid, err)
+		}
+		if f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:])); f[0] != "T" {
+			t.Errorf("process %d is in state %s once Stall returned, want T (stopped)", pid, f[0])
+		}
+	}
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatalf("the kernel should accept the connection: %v", err)
+	}
+	defer c.Close()
+	// A startup packet for protocol 3.0, user postgres: no answer comes.
+	body := append([]byte{0, 3, 0, 0}, "user\x00postgres\x00\x00"...)
+	_, err = c.Write(append(binary.BigEndian.AppendUint32(nil, uint32(4+len(body))), body...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if n, err := c.Read(make([]byte, 1)); n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a stalled server answered a startup: %d bytes, %v", n, err)
+	}
+	s.Continue()
+	stalled = false
+	if got := s.MustExec(t, "SELECT 1"); got != "1" {
+		t.Fatalf("after Continue: %q", got)
+	}
 }

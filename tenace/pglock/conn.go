@@ -157,7 +157,8 @@ func configure(cfg *pgxpool.Config, maxConns int, ka net.KeepAliveConfig) {
 		cc.RuntimeParams = map[string]string{}
 	}
 	rp := cc.RuntimeParams
-	// A wait is bounded by the caller's Timeout and ctx only.
+	// A wait is bounded by the caller's Timeout and ctx only: the acquire
+	// statement of a call with a Timeout sets lock_timeout for itself.
 	rp["statement_timeout"] = "0"
 	rp["lock_timeout"] = "0"
 	// The acquire statement updates the key's fence after the lock wait, in

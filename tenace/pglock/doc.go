@@ -101,13 +101,7 @@
 // Timeout. A cancelled wait costs a connection: its connection is closed
 // rather than reused (see below), and the pool dials a new one.
 //
-// A server that does not answer is not a held key either: a Timeout that
-// passes while a connection has been dialling for 250ms or more (a stalled
-// or overloaded server, a network that drops packets) returns an error
-// that says so. A Timeout that passes while the lock statement runs is
-// (nil, nil): from the client, a server waiting for the key's holder and a
-// stalled one look the same (the stall tests bound how long either holds
-// the call).
+// A server that does not answer is not a held key either (see Waiting).
 //
 // Session locks need a session that stays one: a pooler in transaction or
 // statement mode (PgBouncer's default) would break them silently, so New
@@ -119,25 +113,66 @@
 //
 // # Waiting: Timeout, NoWait, ctx, and the abort during the grant
 //
-// The wait is bounded by the call's Timeout (on its Clock) and ctx only
-// (the provider's sessions set statement_timeout and lock_timeout to 0).
-// NoWait never waits for the lock, but it does wait for the server's
-// answer: on a server that does not answer, only ctx bounds it.
-// When either ends, the client sends the server a cancel request — again
-// every 20 ms until the statement ends, since a cancel that outruns its
-// statement is ignored — and Acquire returns once the server has answered:
-// typically one round trip; at most 2 s when the server does not answer, as
-// the connection is then given up. The grant may land at that very moment:
-// the server may have granted the lock just before the cancel arrived, or
-// the cancel may hit after the lock and before the fence. In every such case
-// the call gives the lock back (pg_advisory_unlock_all) and closes the
-// connection, so that a cancel still in flight cannot hit a later statement
-// and nothing the session held survives it: when Acquire returns no lease,
-// nothing is held for it on the server. (A test races cancels against grants
-// and tells both outcomes apart by the fence.) The give-back fits in the
-// same 2 s: a backend that stalls between the grant and the unlock holds the
-// caller no longer, and frees the lock when it runs again and finds its
-// connection closed (tested with SIGSTOP).
+// The rule: (nil, nil) means that PostgreSQL said the key is held by
+// another within the Timeout; a refused connection, a failure or a server
+// that did not answer by then is an error (ErrNoReply for the last), which
+// a Lock reports as lock.failed.
+//
+// A Timeout (on the system clock) is kept by the server and bounded by the
+// client. The acquire statement sets lock_timeout, for its own transaction,
+// to what remains of the Timeout less a third of it, 50 ms at most, so that
+// the server's answer is on its way back by the Timeout; its "lock timeout"
+// (SQLSTATE 55P03) is the server saying "held", and the connection goes
+// back to the pool. The wait on the server's queue is therefore up to 50 ms
+// shorter than the Timeout. Acquire returns within the Timeout and 30 ms
+// whatever the server does: if no answer has come by then — a stalled or
+// overloaded server, a dial or a startup left unanswered, a network that
+// drops packets — it returns an error wrapping ErrNoReply, without waiting
+// for the server. What it sent goes on in the background (Close waits for
+// it): the statement ends on the server by its own lock_timeout, and its
+// late answer is read, leaving the connection fit for reuse; a grant that
+// lands after the caller left is given back (pg_advisory_unlock_all) and
+// its connection closed; a server still silent 2 s later has the statement
+// cancelled and the connection given up, which ends its session and frees
+// whatever it held once it runs again (tested with the whole cluster
+// stopped by SIGSTOP: 100 ms after it continues, the key is free). One
+// exception: when a lease of this provider holds the key, a call the server
+// did not answer in time is (nil, nil), as the server did say the key is
+// held. A refused connection or a dial error fails the call at once,
+// whatever the Timeout, wrapping the cause (errors.Is(err,
+// syscall.ECONNREFUSED)).
+//
+// On a machine so loaded that a loopback round trip takes longer than the
+// slack (a third of the Timeout, 50 ms at most, plus 30 ms), a held key can
+// come back as ErrNoReply: the client cannot tell a late "held" from
+// silence, and reports the failure. (Measured on a shared 2-core machine
+// beside two CPU burners, Timeouts of 50 to 250 ms: up to 3 tries in ten at
+// load 10, up to 5 at load 20.)
+//
+// With a Timeout on another Clock (a test's) the server cannot follow it:
+// when it passes, the client cancels the statement, and the server's answer
+// to the cancel counts as "held"; no answer within 2 s is ErrNoReply. A
+// Timeout of 0 waits as long as ctx allows. NoWait never waits for the
+// lock, but it does wait for the server's answer, one round trip: on a
+// server that does not answer, only ctx bounds it.
+//
+// When ctx ends, or a Timeout on another Clock passes, the client sends
+// the server a cancel request — again every 20 ms until the statement ends,
+// since a cancel that outruns its statement is ignored — and Acquire
+// returns once the server has answered: typically one round trip; at most
+// 2 s when the server does not answer, as the connection is then given up
+// (for a Timeout on the system clock, no later than the Timeout and 30 ms).
+// The grant may land at that very moment: the server may have granted the
+// lock just before the cancel arrived, or the cancel may hit after the lock
+// and before the fence. In every such case the call gives the lock back
+// (pg_advisory_unlock_all) and closes the connection, so that a cancel
+// still in flight cannot hit a later statement and nothing the session held
+// survives it: when Acquire returns ctx's error, nothing is held for it on
+// the server. (A test races cancels against grants and tells both outcomes
+// apart by the fence.) The give-back fits in the same 2 s: a backend that
+// stalls between the grant and the unlock holds the caller no longer, and
+// frees the lock when it runs again and finds its connection closed (tested
+// with SIGSTOP).
 //
 // A waiting statement holds a snapshot, as any running query does, which
 // holds back vacuum's horizon while it waits.

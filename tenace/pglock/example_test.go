@@ -72,3 +72,38 @@ func ExampleProvider_Acquire() {
 	// lost: true
 	// release: true
 }
+
+// The three outcomes of an Acquire with a Timeout: a lease; (nil, nil),
+// which only the server's "held" gives; an error — ErrNoReply for a server
+// that did not answer in time, the dial's cause for one that refused.
+func ExampleErrNoReply() {
+	ctx := context.Background()
+	locks, err := pglock.New(ctx, exampleConnString())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer locks.Close()
+	holder, _ := locks.Acquire(ctx, "example/outage", tenace.LockAcquireOptions{})
+	defer holder.Release(ctx)
+
+	other, err := pglock.New(ctx, exampleConnString())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer other.Close()
+	lease, err := other.Acquire(ctx, "example/outage", tenace.LockAcquireOptions{Timeout: 500 * time.Millisecond})
+	switch {
+	case errors.Is(err, tenace.ErrNoReply): // pglock.ErrNoReply too
+		fmt.Println("PostgreSQL did not answer: an outage, alert")
+	case err != nil:
+		fmt.Println("the provider failed (errors.Is reaches the cause, such as syscall.ECONNREFUSED):", err)
+	case lease == nil:
+		fmt.Println("PostgreSQL says another holds it: retry later")
+	default:
+		_ = lease.Release(ctx)
+	}
+	// Output:
+	// PostgreSQL says another holds it: retry later
+}

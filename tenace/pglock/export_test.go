@@ -59,3 +59,7 @@ func (p *Provider) SetHooks(h Hooks) {
 	p.hooks = &testHooks{losing: h.Losing, releaseWaits: h.ReleaseWaits, watching: h.Watching, stopping: h.Stopping,
 		statementDone: h.StatementDone}
 }
+
+// ReplyAllowance is how long past its Timeout an Acquire waits for an
+// answer that is due.
+const ReplyAllowance = replyAllowance

@@ -114,7 +114,9 @@ func TestTimeoutNoWaitAndCtxWhileWaiting(t *testing.T) {
 		l, err := p.Acquire(bg, key, tenace.LockAcquireOptions{Timeout: 100 * time.Millisecond})
 		require.NoError(t, err)
 		require.Nil(t, l)
-		require.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond)
+		// The server stops waiting up to 25ms before the Timeout, so that
+		// its answer is back by then.
+		require.GreaterOrEqual(t, time.Since(start), 75*time.Millisecond)
 	})
 	t.Run("NoWait", func(t *testing.T) {
 		l, err := p.Acquire(bg, key, tenace.LockAcquireOptions{Timeout: tenace.NoWait})

@@ -16,7 +16,6 @@ import (
 
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/internal/keyfmt"
-	"tenace.dev/tenace/internal/noreply"
 )
 
 // Defaults.
@@ -57,7 +56,7 @@ type Provider struct {
 	fencing  bool          // leases carry a fencing token (not WithoutFencing)
 	slots    chan struct{} // a token per connection in use (held + waiting); cap maxConns
 
-	lockSQL, tryLockSQL, registerSQL string
+	lockSQL, boundedLockSQL, tryLockSQL, registerSQL string
 
 	held    atomic.Int64 // leases held through this provider
 	waiting atomic.Int64 // callers inside Acquire
@@ -70,6 +69,7 @@ type Provider struct {
 	isEnded bool
 	queues  queues
 	ended   sync.Once
+	workers sync.WaitGroup // Acquire's statements that may outlive it (see call); added to under mu while !isEnded
 
 	hooks *testHooks // nil but in tests (see export_test.go)
 }
@@ -380,288 +380,12 @@ const syncCommit = `set_config('synchronous_commit', CASE WHEN current_setting('
 func (p *Provider) prepareSQL() {
 	// pg_advisory_lock returns void, which IS NOT NULL.
 	p.lockSQL = p.lockStatement(`pg_advisory_lock($2::int4, k.id) IS NOT NULL`)
+	// $3 is the wait's bound on the server (see lockTimeout): set_config
+	// runs before the lock function, as a CASE evaluates its condition
+	// first, and is local to the statement's transaction.
+	p.boundedLockSQL = p.lockStatement(`CASE WHEN set_config('lock_timeout', $3::text, true) IS NOT NULL THEN pg_advisory_lock($2::int4, k.id) IS NOT NULL END`)
 	p.tryLockSQL = p.lockStatement(`pg_try_advisory_lock($2::int4, k.id)`)
 	p.registerSQL = `INSERT INTO ` + p.table + ` (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
-}
-
-// Acquire waits for key and returns its lease: a lease when granted; (nil,
-// nil) when not granted within opts.Timeout (at once with NoWait); (nil,
-// ctx's error) when ctx ends first; (nil, err) when PostgreSQL fails, the
-// provider is closed (an error wrapping tenace.ErrProviderClosed) or no
-// connection is free: at once with NoWait, or once the Timeout passed while
-// it waited for one and nobody else in the process holds or waits for key
-// (ErrPoolExhausted, or an error wrapping it: the key was not asked for, so
-// this is not "not granted"); also when the Timeout passes while a
-// connection has been dialling for 250ms or more (the server does not
-// answer). Invalid input (an empty
-// key, a negative Timeout other than NoWait, a negative TTL) returns an
-// error wrapping tenace.ErrMissingKey or tenace.ErrInvalidOption.
-//
-// A statement that completes as ctx ends or the Timeout passes counts as
-// cut short, whatever it found: a grant is given back, and the call returns
-// ctx's error (with NoWait too), or (nil, nil) for the Timeout; the
-// connection is closed, not reused, since a cancel request may still be on
-// its way to its session. When Acquire
-// returns no lease, this provider holds nothing for the call on the
-// server: a connection whose wait was cut short is unlocked and closed,
-// which ends its session and with it any lock the server granted at that
-// moment (at once when the unlock succeeds; otherwise when the server ends
-// the session: a few milliseconds later, or once a stalled backend runs
-// again). A stalled backend delays the call by 2 s at most (see the package
-// doc).
-func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
-	if err := tenace.ValidateAcquire(key, opts); err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	if p.closed.Err() != nil {
-		return nil, p.closedErr()
-	}
-	p.queue(key, 1)
-	defer p.queue(key, -1)
-
-	actx, cancel := tenace.AcquireContext(ctx, opts)
-	defer cancel()
-	// The provider's Close ends every wait.
-	wctx, wcancel := context.WithCancelCause(actx)
-	defer wcancel(nil)
-	stop := context.AfterFunc(p.closed, func() { wcancel(tenace.ErrProviderClosed) })
-	defer stop()
-
-	// A connection slot: the provider's bound on connections.
-	select {
-	case p.slots <- struct{}{}:
-	default:
-		if opts.Timeout == tenace.NoWait {
-			return nil, ErrPoolExhausted
-		}
-		select {
-		case p.slots <- struct{}{}:
-		case <-wctx.Done():
-			if tenace.TimedOut(ctx, wctx) && !p.keyBusy(key) {
-				// Not the key's contention: nobody in this process holds
-				// or waits for it, and the server was never asked.
-				return nil, fmt.Errorf("%w (no connection freed for %s within its %v Timeout; WithMaxConns %d)", ErrPoolExhausted, keyfmt.Quote(key), opts.Timeout, p.maxConns)
-			}
-			return p.waitEnded(ctx, wctx)
-		}
-	}
-	// From here the slot is the connection's: when the call ends without a
-	// lease, it goes back here; a lease gives it back when it ends.
-	leased := false
-	defer func() {
-		if !leased {
-			<-p.slots
-		}
-	}()
-
-	dialing := time.Now()
-	conn, err := p.pool.Acquire(wctx)
-	if err != nil {
-		if p.dialTimedOut(ctx, wctx, dialing) {
-			return nil, p.noConnection(key, opts, err)
-		}
-		return p.failed(ctx, wctx, fmt.Errorf("pglock: connecting to PostgreSQL: %w", err))
-	}
-	var l tenace.LockLease
-	l, leased, err = p.lock(ctx, wctx, conn, key, opts)
-	return l, err
-}
-
-// lock runs the acquire statement on conn, which it owns from here: it
-// either becomes the lease's, goes back to the pool holding nothing, or is
-// discarded.
-func (p *Provider) lock(ctx, wctx context.Context, conn *pgxpool.Conn, key string, opts tenace.LockAcquireOptions) (_ tenace.LockLease, leased bool, _ error) {
-	sql := p.lockSQL
-	if opts.Timeout == tenace.NoWait {
-		sql = p.tryLockSQL
-	}
-	registered, reconnected := false, false
-	for {
-		var id *int32
-		var locked bool
-		var fence *int64
-		err := conn.QueryRow(wctx, sql, []byte(key), p.classID).Scan(&id, &locked, &fence)
-		if h := p.hooks; h != nil && h.statementDone != nil {
-			h.statementDone(conn.Conn().PgConn().PID(), err == nil && locked)
-		}
-		switch {
-		case err != nil:
-			// Unknown outcome: the statement may have taken the lock
-			// before it failed or was cancelled. Release whatever the
-			// session holds, and never reuse the connection.
-			dead := conn.Conn().IsClosed()
-			p.unlockAll(conn)
-			discard(conn)
-			if !dead || reconnected || wctx.Err() != nil || p.closed.Err() != nil {
-				l, err := p.failed(ctx, wctx, fmt.Errorf("pglock: acquiring %s: %w", keyfmt.Quote(key), err))
-				return l, false, err
-			}
-			// The connection had died (the pool's idle connections after
-			// a server restart, a backend terminated while waiting): try
-			// once more on a live one. Its session is gone, and with it
-			// anything it held.
-			reconnected = true
-			dialing := time.Now()
-			if conn, err = p.reconnect(wctx); err != nil {
-				if p.dialTimedOut(ctx, wctx, dialing) {
-					return nil, false, p.noConnection(key, opts, err)
-				}
-				l, err := p.failed(ctx, wctx, fmt.Errorf("pglock: acquiring %s: its connection ended, and reconnecting failed: %w", keyfmt.Quote(key), err))
-				return l, false, err
-			}
-			continue
-		case wctx.Err() != nil:
-			// The statement succeeded, but its context ended while it ran:
-			// cancel requests may still be on their way to this session,
-			// and would hit the connection's next statement, whoever runs
-			// it. Whatever it found (granted, tried and refused, a key
-			// without a row), the call gave up: give back anything the
-			// session holds, and the connection too (see discard).
-			if locked {
-				p.unlockAll(conn)
-			}
-			discard(conn)
-			l, err := p.waitEnded(ctx, wctx)
-			return l, false, err
-		case id == nil && !registered:
-			_, err := conn.Exec(wctx, p.registerSQL, []byte(key))
-			if err != nil || wctx.Err() != nil {
-				// A failure, or a context that ended during the statement
-				// (a cancel may be on its way): never reuse the connection.
-				discard(conn)
-				var l tenace.LockLease
-				if err != nil {
-					err = fmt.Errorf("pglock: registering the key %s in %s: %w", keyfmt.Quote(key), p.table, err)
-				}
-				l, err = p.failed(ctx, wctx, err)
-				return l, false, err
-			}
-			registered = true
-			continue
-		case id == nil:
-			conn.Release()
-			return nil, false, fmt.Errorf("pglock: the key %s vanished from %s as it was registered; is something deleting its rows?", keyfmt.Quote(key), p.table)
-		case !locked:
-			// The try failed: the session holds nothing.
-			conn.Release()
-			return nil, false, nil
-		case fence == nil && p.fencing:
-			p.unlockAll(conn)
-			discard(conn)
-			return nil, false, fmt.Errorf("pglock: the row of key %s vanished from %s while it was locked; rows must never be deleted", keyfmt.Quote(key), p.table)
-		}
-		var token uint64
-		if fence != nil {
-			token = uint64(*fence)
-		}
-		l, err := p.grant(conn, key, *id, token, opts)
-		return l, true, err
-	}
-}
-
-// reconnect returns a connection found alive, for the retry after a dead
-// one. The pool's idle connections may have died together (a server
-// restart, backends terminated), and the pool pings only those idle for
-// over a second: reconnect pings each it gets, closes a dead one and takes
-// another, up to maxConns+1 times — past the pool's idle connections, the
-// pool dials a new one. All within wctx.
-func (p *Provider) reconnect(wctx context.Context) (*pgxpool.Conn, error) {
-	var err error
-	for range p.maxConns + 1 {
-		var conn *pgxpool.Conn
-		if conn, err = p.pool.Acquire(wctx); err != nil {
-			return nil, err
-		}
-		err = conn.Ping(wctx)
-		if err == nil && wctx.Err() == nil {
-			return conn, nil
-		}
-		// Dead, or the wait ended during the ping (a cancel may be on its
-		// way): never reuse it.
-		discard(conn)
-		if wctx.Err() != nil {
-			return nil, wctx.Err()
-		}
-	}
-	return nil, err
-}
-
-// unlockAll releases every advisory lock of conn's session, best effort,
-// before the cancel's grace ends (graceEnd): after it, or after discard at
-// the latest, the session holds nothing. A closed connection needs
-// nothing; the caller discards conn next.
-//
-// The bound is the socket's deadline, not a context's: a context that ended
-// would start the cancel handler, and with it a grace of its own, which on
-// a backend that stalls after the grant doubled the call's wait (a cancel is
-// no use here anyway: discard ends the session, which frees its locks).
-// Past the deadline pgconn closes the connection.
-//
-// A cancel request sent for the statement cut short can reach the backend
-// only now (the server signals the backend after it has answered the
-// request) and cancel the unlock itself (SQLSTATE 57014): the session
-// would then keep the lock until the server notices the closed connection,
-// a few milliseconds after Acquire returned no lease. A cancel's signal is
-// spent on the statement it cancels, so the unlock is tried again, a few
-// times: the handler may have sent more than one request.
-func (p *Provider) unlockAll(conn *pgxpool.Conn) {
-	if conn.Conn().IsClosed() {
-		return
-	}
-	_ = conn.Conn().PgConn().Conn().SetDeadline(graceEnd(conn))
-	for range unlockTries {
-		_, err := conn.Exec(context.Background(), `SELECT pg_advisory_unlock_all()`)
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != sqlstateQueryCanceled {
-			return
-		}
-	}
-}
-
-// unlockTries bounds unlockAll's tries; sqlstateQueryCanceled is the
-// SQLSTATE of a statement a cancel request ended.
-const (
-	unlockTries           = 4
-	sqlstateQueryCanceled = "57014"
-)
-
-// failed says why a step of Acquire failed with err: ctx's error when the
-// caller's context ended; the closed error when Close was called meanwhile
-// (the step may have failed because of it — a closed pool, a cancelled dial
-// or statement — before Close's cancellation of wctx ran); why the wait
-// ended when it did (see waitEnded); err otherwise.
-func (p *Provider) failed(ctx, wctx context.Context, err error) (tenace.LockLease, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	if p.closed.Err() != nil {
-		return nil, p.closedErr()
-	}
-	if wctx.Err() != nil {
-		return p.waitEnded(ctx, wctx)
-	}
-	return nil, err
-}
-
-// dialTimedOut reports whether a dial started at dialing was cut short by
-// the Timeout after the server had left it unanswered for noreply.Grace or
-// more (a stalled or overloaded server, a network that drops the packets):
-// an outage, reported by noConnection, not part of the wait.
-func (p *Provider) dialTimedOut(ctx, wctx context.Context, dialing time.Time) bool {
-	return tenace.TimedOut(ctx, wctx) && p.closed.Err() == nil && noreply.Unanswered(wctx, dialing) >= noreply.Grace
-}
-
-// noConnection is the error of a call whose Timeout passed while it was
-// still connecting: the server was never asked for key, so this is not
-// "not granted in time" (which a Lock reports as contention) but a
-// failure. The cause is quoted, not wrapped: it is most often the
-// Timeout's own context.DeadlineExceeded, which errors.Is keeps for the
-// caller's ctx.
-func (p *Provider) noConnection(key string, opts tenace.LockAcquireOptions, err error) error {
-	return fmt.Errorf("pglock: no connection to PostgreSQL for %s within its %v Timeout (%v)", keyfmt.Quote(key), opts.Timeout, err)
 }
 
 // keyBusy reports whether another caller of this process holds key or
@@ -670,32 +394,24 @@ func (p *Provider) noConnection(key string, opts tenace.LockAcquireOptions, err 
 // contention, (nil, nil), whatever the pool.
 func (p *Provider) keyBusy(key string) bool {
 	p.mu.Lock()
+	busy := p.queues.perKey[key] > 1
+	p.mu.Unlock()
+	return busy || p.holds(key)
+}
+
+// holds reports whether a lease of this provider holds key: then a call
+// for key that the server did not answer in time is the key's contention,
+// (nil, nil) — the server said the key is held when it granted that lease,
+// and has not said otherwise since — not ErrNoReply.
+func (p *Provider) holds(key string) bool {
+	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.queues.perKey[key] > 1 {
-		return true
-	}
 	for l := range p.leases {
 		if l.key == key {
 			return true
 		}
 	}
 	return false
-}
-
-// waitEnded says why a wait ended without a grant: ctx's error when the
-// caller's context ended, (nil, nil) for the Timeout, the closed error.
-func (p *Provider) waitEnded(ctx, wctx context.Context) (tenace.LockLease, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	if tenace.TimedOut(ctx, wctx) {
-		return nil, nil
-	}
-	cause := context.Cause(wctx)
-	if errors.Is(cause, tenace.ErrProviderClosed) {
-		return nil, p.closedErr()
-	}
-	return nil, cause
 }
 
 func (p *Provider) closedErr() error {
@@ -731,6 +447,9 @@ func (p *Provider) Close() error {
 			}
 		}
 		wg.Wait()
+		// The calls that Acquire left to end in the background (see
+		// call): their context ended with Close, and each is bounded.
+		p.workers.Wait()
 		p.pool.Close()
 	})
 	return nil

@@ -39,6 +39,12 @@ func probeStray(t *testing.T, p *pglock.Provider, busy string) bool {
 		t.Logf("Acquire(bg, Timeout 30ms) failed: %v", err)
 		return true
 	}
+	if errors.Is(err, pglock.ErrNoReply) {
+		// The server's "held" came after the Timeout and its allowance
+		// (a loaded machine): no stray cancel, which the server answers.
+		t.Logf("probe: %v", err)
+		return false
+	}
 	require.NoError(t, err)
 	require.Nil(t, l, "busy is held elsewhere")
 	return false

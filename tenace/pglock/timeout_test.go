@@ -38,8 +38,10 @@ func TestAFullPoolOfCallersForTheSameKeyIsContention(t *testing.T) {
 
 // A Timeout that passes while a new connection goes unanswered (the
 // postmaster stalled: the kernel accepts the connection, nobody answers its
-// startup) is a failure that says so, not "not granted": through a Lock,
-// lock.failed and an UnexpectedError, not contention. Before, (nil, nil).
+// startup) is a failure that says so, not "not granted": an error wrapping
+// ErrNoReply by the Timeout and its 30ms allowance (not after a grace of
+// 250ms, as before issue 25), and through a Lock, lock.failed and an
+// UnexpectedError, not contention. Before issue 22, (nil, nil).
 func TestATimeoutWhileConnectingToAStalledServerIsAFailure(t *testing.T) {
 	srv := server(t)
 	p := newProvider(t, srv)
@@ -53,12 +55,11 @@ func TestATimeoutWhileConnectingToAStalledServerIsAFailure(t *testing.T) {
 			srv.Resume()
 		}
 	})
-	// Well above the 250ms a dial must go unanswered, so that one started
-	// late on a loaded machine still has.
-	const timeout = 700 * time.Millisecond
+	const timeout = 100 * time.Millisecond
 	l, err := p.Acquire(bg, keyOf(t, "b"), tenace.LockAcquireOptions{Timeout: timeout})
 	require.Nil(t, l, "granted on a connection that was not dialled: the test needs the pool to dial")
-	require.ErrorContains(t, err, `pglock: no connection to PostgreSQL for "`+keyOf(t, "b")+`" within its 700ms Timeout (`)
+	require.ErrorIs(t, err, pglock.ErrNoReply)
+	require.ErrorContains(t, err, `acquiring "`+keyOf(t, "b")+`", connecting got no answer within its 100ms Timeout and 30ms more`)
 	require.False(t, errors.Is(err, context.DeadlineExceeded), "DeadlineExceeded is the caller's ctx's, which did not end: %v", err)
 
 	var events []string

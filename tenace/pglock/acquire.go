@@ -1,0 +1,558 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"tenace.dev/tenace"
+	"tenace.dev/tenace/internal/keyfmt"
+	"tenace.dev/tenace/policy"
+)
+
+// ErrNoReply is wrapped by the error Acquire returns when PostgreSQL, once
+// dialled, did not answer within the call's Timeout (see Acquire): a
+// stalled or overloaded server, or a network that drops the packets — not
+// a held key, which the server says itself, and which is (nil, nil). It
+// wraps tenace.ErrNoReply, so one errors.Is covers every provider; a Lock
+// reports it as a failure (*tenace.UnexpectedError, event lock.failed).
+// Retry later; if it persists, the server is down or cut off. The error
+// does not wrap context.DeadlineExceeded: the caller's ctx did not end.
+var ErrNoReply error = noReply{}
+
+type noReply struct{}
+
+func (noReply) Error() string { return "pglock: PostgreSQL did not answer in time" }
+
+func (noReply) Unwrap() error { return tenace.ErrNoReply }
+
+// A Timeout on the system clock is kept by the server and bounded by the
+// client (see Acquire):
+const (
+	// verdictLead is how long before the Timeout the server stops waiting
+	// for the key, at most (a third of the time left when that is less):
+	// its "held" is then on its way back by the Timeout. The lead and the
+	// allowance are the time a late "held" has to arrive; the allowance
+	// alone is Acquire's overrun. A loopback answer takes well under a
+	// millisecond; beside two CPU burners on a loaded 2-core machine, a
+	// round trip took 20–90 ms, sometimes 250 ms.
+	verdictLead = 50 * time.Millisecond
+	// replyAllowance is how long past its Timeout an Acquire waits for an
+	// answer that is due before it calls the server silent: issue 25 bounds
+	// the overrun at 50 ms, and the scheduler takes its share of that.
+	replyAllowance = 30 * time.Millisecond
+)
+
+// errGaveUp is the cause of a bounded call's statement context once its
+// Timeout, the reply allowance and cancelGrace have passed (see
+// runBounded).
+var errGaveUp = errors.New("pglock: the server did not answer the call its Acquire left")
+
+// Acquire waits for key and returns its lease: a lease when granted; (nil,
+// nil) when not granted within opts.Timeout (at once with NoWait) because
+// the key is held by another — PostgreSQL said so, or every connection was
+// pinned by callers of this process that hold or wait for the same key, or
+// a lease of this provider holds it; (nil, ctx's error) when ctx ends
+// first; (nil, err) otherwise:
+//
+//   - an error wrapping ErrNoReply when PostgreSQL, dialled, did not answer
+//     by the Timeout and 30 ms (a Timeout on the system clock: Acquire
+//     returns then, the server calls going on in the background; see the
+//     package doc, Waiting);
+//   - the dial's error, at once, when the server refused the connection or
+//     could not be reached, whatever the Timeout (errors.Is reaches the
+//     cause, such as syscall.ECONNREFUSED), or the statement's when the
+//     server failed;
+//   - an error wrapping tenace.ErrProviderClosed once the provider is closed;
+//   - ErrPoolExhausted (or an error wrapping it) when no connection is free:
+//     at once with NoWait, or once the Timeout passed while it waited for
+//     one and nobody else in the process holds or waits for key (the key
+//     was not asked for, so this is not "not granted");
+//   - for invalid input (an empty key, a negative Timeout other than
+//     NoWait, a negative TTL), an error wrapping tenace.ErrMissingKey or
+//     tenace.ErrInvalidOption.
+//
+// A nil ctx panics.
+//
+// The server keeps the Timeout: the acquire statement sets lock_timeout for
+// itself to what remains of it, less a third and 50 ms at most, and the
+// server's "lock timeout" (SQLSTATE 55P03) is the answer that Acquire
+// reports as (nil, nil), on a connection that goes back to the pool. With a
+// Timeout on another Clock (a test's), the server cannot follow it: when it
+// passes, the statement is cancelled, and the server's answer to the cancel
+// counts as "held"; no answer is ErrNoReply.
+//
+// A statement that completes as ctx ends counts as cut short, whatever it
+// found: a grant is given back, and the call returns ctx's error (with
+// NoWait too); the connection is closed, not reused, since a cancel
+// request may still be on its way to its session. When Acquire returns no
+// lease, this provider holds nothing for the call on the server — for
+// ErrNoReply, nothing once the server answers again: a grant that lands
+// after Acquire left is given back in the background. A stalled backend
+// delays a call without a Timeout by 2 s at most (see the package doc).
+func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
+	if ctx == nil {
+		panic("tenace: pglock.Provider.Acquire: nil context: pass context.Background() or the caller's context")
+	}
+	if err := tenace.ValidateAcquire(key, opts); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if p.closed.Err() != nil {
+		return nil, p.closedErr()
+	}
+	p.queue(key, 1)
+	defer p.queue(key, -1)
+
+	// base ends with ctx or the provider's Close; wctx with the Timeout
+	// too.
+	base, bcancel := context.WithCancelCause(ctx)
+	defer bcancel(nil)
+	stop := context.AfterFunc(p.closed, func() { bcancel(tenace.ErrProviderClosed) })
+	defer stop()
+	c := &call{p: p, ctx: ctx, key: key, opts: opts,
+		bounded: opts.Timeout > 0 && policy.IsSystemClock(opts.Clock), deadline: time.Now().Add(opts.Timeout)}
+	wctx, cancel := tenace.AcquireContext(base, opts)
+	defer cancel()
+	c.wctx = wctx
+
+	// A connection slot: the provider's bound on connections.
+	select {
+	case p.slots <- struct{}{}:
+	default:
+		if opts.Timeout == tenace.NoWait {
+			return nil, ErrPoolExhausted
+		}
+		select {
+		case p.slots <- struct{}{}:
+		case <-wctx.Done():
+			if tenace.TimedOut(ctx, wctx) && !p.keyBusy(key) {
+				// Not the key's contention: nobody in this process holds
+				// or waits for it, and the server was never asked.
+				return nil, fmt.Errorf("%w (no connection freed for %s within its %v Timeout; WithMaxConns %d)", ErrPoolExhausted, keyfmt.Quote(key), opts.Timeout, p.maxConns)
+			}
+			return c.waitEnded(true)
+		}
+	}
+	// From here the slot is the call's run: when it ends without a lease,
+	// the slot goes back; a lease gives it back when it ends.
+	if !c.bounded {
+		return c.run()
+	}
+	return c.runBounded()
+}
+
+// call is one Acquire past its slot. Its server calls run on wctx: the
+// Timeout's context (AcquireContext) when the call is not bounded; when it
+// is (a Timeout on the system clock), on a worker goroutine that Acquire
+// leaves behind if the server has not answered replyAllowance after the
+// Timeout, with a context that ends cancelGrace later (see runBounded).
+//
+// Concurrency: every field but state and phase is set before run starts
+// and read-only after. run alone writes phase. state is the hand-off of a
+// grant between the worker and the Acquire that may leave it: the worker
+// claims the grant (callClaimed) before it makes a lease, Acquire abandons
+// the call (callAbandoned) before it leaves; whichever moves state first
+// decides — a grant Acquire did not wait for is given back by the worker.
+type call struct {
+	p        *Provider
+	ctx      context.Context // the caller's
+	wctx     context.Context
+	key      string
+	opts     tenace.LockAcquireOptions
+	bounded  bool      // a Timeout on the system clock: the server keeps it
+	deadline time.Time // the Timeout's end, when bounded
+	state    atomic.Int32
+	phase    atomic.Int32 // what the server was last asked, for the error
+}
+
+// The states of a call (see call).
+const (
+	callRunning   int32 = iota // nobody has decided
+	callClaimed                // the worker hands Acquire a lease
+	callAbandoned              // Acquire left without the worker's outcome
+)
+
+// What a call last asked the server (call.phase).
+const (
+	phaseConnecting int32 = iota
+	phaseLocking
+	phaseRegistering
+)
+
+// outcome is what a call's run returned.
+type outcome struct {
+	lease tenace.LockLease
+	err   error
+}
+
+// runBounded runs c on a worker and waits for its outcome until the
+// Timeout and the reply allowance have passed; then it leaves the worker
+// behind (Close waits for it). The worker's statement is not cancelled
+// then: it carries its own bound on the server (lock_timeout), whose
+// answer, late, leaves the connection fit for the pool — a cancel request
+// would leave it unfit (see discard), and a slow server with fewer
+// connections still. Only a server still silent cancelGrace later (a
+// stalled one) sees the statement cancelled and the connection given up,
+// as does a worker whose caller's ctx ended while Acquire waited, or whose
+// provider was closed.
+func (c *call) runBounded() (tenace.LockLease, error) {
+	p := c.p
+	giveUp := c.deadline.Add(replyAllowance)
+	// The worker's context outlives Acquire: ctx ends it only while
+	// Acquire waits.
+	wctx, wcancel := context.WithCancelCause(context.WithoutCancel(c.ctx))
+	sctx, scancel := context.WithDeadlineCause(wctx, giveUp.Add(cancelGrace), errGaveUp)
+	c.wctx = sctx
+	stopCtx := context.AfterFunc(c.ctx, func() { wcancel(context.Cause(c.ctx)) })
+	defer stopCtx()
+	stopClosed := context.AfterFunc(p.closed, func() { wcancel(tenace.ErrProviderClosed) })
+	p.mu.Lock()
+	if p.isEnded {
+		p.mu.Unlock()
+		stopClosed()
+		scancel()
+		wcancel(nil)
+		<-p.slots
+		return nil, p.closedErr()
+	}
+	p.workers.Add(1)
+	p.mu.Unlock()
+	res := make(chan outcome, 1) // the worker never blocks on it: Acquire may have left
+	go func() {
+		defer p.workers.Done()
+		defer wcancel(nil)
+		defer scancel()
+		defer stopClosed()
+		l, err := c.run()
+		res <- outcome{l, err}
+	}()
+	t := time.NewTimer(time.Until(giveUp))
+	defer t.Stop()
+	select {
+	case r := <-res:
+		return r.lease, r.err
+	case <-t.C:
+	}
+	if !c.state.CompareAndSwap(callRunning, callAbandoned) {
+		r := <-res // the worker claimed a grant: its lease is on its way
+		return r.lease, r.err
+	}
+	if err := c.ctx.Err(); err != nil {
+		return nil, err
+	}
+	if p.closed.Err() != nil {
+		return nil, p.closedErr()
+	}
+	return c.unanswered()
+}
+
+// run connects and locks, within wctx; it owns the call's connection slot.
+func (c *call) run() (l tenace.LockLease, err error) {
+	leased := false
+	defer func() {
+		if !leased {
+			<-c.p.slots
+		}
+	}()
+	conn, err := c.p.pool.Acquire(c.wctx)
+	if err != nil {
+		return c.failed(fmt.Errorf("pglock: connecting to PostgreSQL: %w", err), false)
+	}
+	l, leased, err = c.lock(conn)
+	return l, err
+}
+
+// lock runs the acquire statement on conn, which it owns from here: it
+// either becomes the lease's, goes back to the pool holding nothing, or is
+// discarded.
+func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ error) {
+	p, key := c.p, c.key
+	registered, reconnected := false, false
+	for {
+		if c.state.Load() == callAbandoned {
+			// Acquire has left (see runBounded): ask nothing more. The
+			// connection holds nothing, and no cancel was sent on it.
+			conn.Release()
+			return nil, false, nil
+		}
+		c.phase.Store(phaseLocking)
+		sql, args := c.statement()
+		var id *int32
+		var locked bool
+		var fence *int64
+		err := conn.QueryRow(c.wctx, sql, args...).Scan(&id, &locked, &fence)
+		if h := p.hooks; h != nil && h.statementDone != nil {
+			h.statementDone(conn.Conn().PgConn().PID(), err == nil && locked)
+		}
+		switch {
+		case isLockTimeout(err):
+			// The server's verdict: the key stayed held (or queued for)
+			// until the bound it was given. The wait failed on the
+			// server, so the session holds nothing, and, unless the
+			// call's context ended meanwhile, no cancel was sent: the
+			// connection is as good as new.
+			if c.wctx.Err() != nil {
+				discard(conn)
+				l, err := c.waitEnded(true)
+				return l, false, err
+			}
+			conn.Release()
+			return nil, false, nil
+		case err != nil:
+			// Unknown outcome: the statement may have taken the lock
+			// before it failed or was cancelled. Release whatever the
+			// session holds, and never reuse the connection.
+			dead := conn.Conn().IsClosed()
+			p.unlockAll(conn)
+			discard(conn)
+			if !dead || reconnected || c.wctx.Err() != nil || p.closed.Err() != nil {
+				l, err := c.failed(fmt.Errorf("pglock: acquiring %s: %w", keyfmt.Quote(key), err), answered(err))
+				return l, false, err
+			}
+			// The connection had died (the pool's idle connections after
+			// a server restart, a backend terminated while waiting): try
+			// once more on a live one. Its session is gone, and with it
+			// anything it held.
+			reconnected = true
+			c.phase.Store(phaseConnecting)
+			if conn, err = p.reconnect(c.wctx); err != nil {
+				l, err := c.failed(fmt.Errorf("pglock: acquiring %s: its connection ended, and reconnecting failed: %w", keyfmt.Quote(key), err), false)
+				return l, false, err
+			}
+			continue
+		case c.wctx.Err() != nil:
+			// The statement succeeded, but its context ended while it ran:
+			// cancel requests may still be on their way to this session,
+			// and would hit the connection's next statement, whoever runs
+			// it. Whatever it found (granted, tried and refused, a key
+			// without a row), the call gave up: give back anything the
+			// session holds, and the connection too (see discard).
+			if locked {
+				p.unlockAll(conn)
+			}
+			discard(conn)
+			l, err := c.waitEnded(true)
+			return l, false, err
+		case id == nil && !registered:
+			c.phase.Store(phaseRegistering)
+			_, err := conn.Exec(c.wctx, p.registerSQL, []byte(key))
+			if err != nil || c.wctx.Err() != nil {
+				// A failure, or a context that ended during the statement
+				// (a cancel may be on its way): never reuse the connection.
+				discard(conn)
+				ok := answered(err)
+				if err != nil {
+					err = fmt.Errorf("pglock: registering the key %s in %s: %w", keyfmt.Quote(key), p.table, err)
+				}
+				l, err := c.failed(err, ok)
+				return l, false, err
+			}
+			registered = true
+			continue
+		case id == nil:
+			conn.Release()
+			return nil, false, fmt.Errorf("pglock: the key %s vanished from %s as it was registered; is something deleting its rows?", keyfmt.Quote(key), p.table)
+		case !locked:
+			// The try failed: the session holds nothing.
+			conn.Release()
+			return nil, false, nil
+		case fence == nil && p.fencing:
+			p.unlockAll(conn)
+			discard(conn)
+			return nil, false, fmt.Errorf("pglock: the row of key %s vanished from %s while it was locked; rows must never be deleted", keyfmt.Quote(key), p.table)
+		}
+		if !c.state.CompareAndSwap(callRunning, callClaimed) {
+			// Acquire left without waiting for this grant (see
+			// runBounded): it is nobody's, give it back.
+			p.unlockAll(conn)
+			discard(conn)
+			return nil, false, nil
+		}
+		var token uint64
+		if fence != nil {
+			token = uint64(*fence)
+		}
+		l, err := p.grant(conn, key, *id, token, c.opts)
+		return l, true, err
+	}
+}
+
+// statement returns the acquire statement for c and its arguments: the try
+// for NoWait; with a bound on the server (see lockTimeout) when c is
+// bounded; else the plain wait, which only ctx and the Timeout's cancel end.
+func (c *call) statement() (string, []any) {
+	p := c.p
+	switch {
+	case c.opts.Timeout == tenace.NoWait:
+		return p.tryLockSQL, []any{[]byte(c.key), p.classID}
+	case c.bounded:
+		return p.boundedLockSQL, []any{[]byte(c.key), p.classID, lockTimeout(time.Until(c.deadline))}
+	}
+	return p.lockSQL, []any{[]byte(c.key), p.classID}
+}
+
+// lockTimeout is the server's bound on a wait for the key (lock_timeout,
+// in milliseconds) when left remains of the Timeout: verdictLead earlier
+// (a third of left when less), so that the server's "held" is on its way
+// back by the Timeout; at least 1 ms, since 0 is no bound.
+func lockTimeout(left time.Duration) string {
+	left -= min(left/3, verdictLead)
+	return strconv.FormatInt(max(left.Milliseconds(), 1), 10)
+}
+
+// sqlstateLockTimeout is the SQLSTATE of a statement that lock_timeout
+// ended (lock_not_available).
+const sqlstateLockTimeout = "55P03"
+
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == sqlstateLockTimeout
+}
+
+// answered reports whether err, from a statement cut short, is the
+// server's answer (a cancelled statement's error, say), not the client
+// giving up on a silent server; a nil err is a statement that completed.
+func answered(err error) bool {
+	var pgErr *pgconn.PgError
+	return err == nil || errors.As(err, &pgErr)
+}
+
+// reconnect returns a connection found alive, for the retry after a dead
+// one. The pool's idle connections may have died together (a server
+// restart, backends terminated), and the pool pings only those idle for
+// over a second: reconnect pings each it gets, closes a dead one and takes
+// another, up to maxConns+1 times — past the pool's idle connections, the
+// pool dials a new one. All within wctx.
+func (p *Provider) reconnect(wctx context.Context) (*pgxpool.Conn, error) {
+	var err error
+	for range p.maxConns + 1 {
+		var conn *pgxpool.Conn
+		if conn, err = p.pool.Acquire(wctx); err != nil {
+			return nil, err
+		}
+		err = conn.Ping(wctx)
+		if err == nil && wctx.Err() == nil {
+			return conn, nil
+		}
+		// Dead, or the wait ended during the ping (a cancel may be on its
+		// way): never reuse it.
+		discard(conn)
+		if wctx.Err() != nil {
+			return nil, wctx.Err()
+		}
+	}
+	return nil, err
+}
+
+// unlockAll releases every advisory lock of conn's session, best effort,
+// before the cancel's grace ends (graceEnd): after it, or after discard at
+// the latest, the session holds nothing. A closed connection needs
+// nothing; the caller discards conn next.
+//
+// The bound is the socket's deadline, not a context's: a context that ended
+// would start the cancel handler, and with it a grace of its own, which on
+// a backend that stalls after the grant doubled the call's wait (a cancel is
+// no use here anyway: discard ends the session, which frees its locks).
+// Past the deadline pgconn closes the connection.
+//
+// A cancel request sent for the statement cut short can reach the backend
+// only now (the server signals the backend after it has answered the
+// request) and cancel the unlock itself (SQLSTATE 57014): the session
+// would then keep the lock until the server notices the closed connection,
+// a few milliseconds after Acquire returned no lease. A cancel's signal is
+// spent on the statement it cancels, so the unlock is tried again, a few
+// times: the handler may have sent more than one request.
+func (p *Provider) unlockAll(conn *pgxpool.Conn) {
+	if conn.Conn().IsClosed() {
+		return
+	}
+	_ = conn.Conn().PgConn().Conn().SetDeadline(graceEnd(conn))
+	for range unlockTries {
+		_, err := conn.Exec(context.Background(), `SELECT pg_advisory_unlock_all()`)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != sqlstateQueryCanceled {
+			return
+		}
+	}
+}
+
+// unlockTries bounds unlockAll's tries; sqlstateQueryCanceled is the
+// SQLSTATE of a statement a cancel request ended.
+const (
+	unlockTries           = 4
+	sqlstateQueryCanceled = "57014"
+)
+
+// failed says why a step of Acquire failed with err: ctx's error when the
+// caller's context ended; the closed error when Close was called meanwhile
+// (the step may have failed because of it — a closed pool, a cancelled dial
+// or statement — before Close's cancellation of wctx ran); why the wait
+// ended when it did (see waitEnded; answered is whether the server had
+// answered the step); err otherwise.
+func (c *call) failed(err error, answered bool) (tenace.LockLease, error) {
+	if err := c.ctx.Err(); err != nil {
+		return nil, err
+	}
+	if c.p.closed.Err() != nil {
+		return nil, c.p.closedErr()
+	}
+	if c.wctx.Err() != nil {
+		return c.waitEnded(answered)
+	}
+	return nil, err
+}
+
+// waitEnded says why c's wait ended without a grant: ctx's error when the
+// caller's context ended; the closed error; ErrNoReply when the server did
+// not answer by the bounded call's Timeout and allowance; for a Timeout on
+// the call's Clock, (nil, nil) when the server had answered (the wait was
+// for the key), ErrNoReply when it had not.
+func (c *call) waitEnded(answered bool) (tenace.LockLease, error) {
+	if err := c.ctx.Err(); err != nil {
+		return nil, err
+	}
+	cause := context.Cause(c.wctx)
+	switch {
+	case errors.Is(cause, tenace.ErrProviderClosed) || c.p.closed.Err() != nil:
+		return nil, c.p.closedErr()
+	case cause == errGaveUp, cause == tenace.ErrAcquireTimeout && !answered:
+		return c.unanswered()
+	case cause == tenace.ErrAcquireTimeout:
+		return nil, nil
+	}
+	return nil, cause
+}
+
+// unanswered is the outcome of a call whose server did not answer by the
+// Timeout (and its allowance, when bounded): not "held", which only the
+// server says, but a failure (noReply) — unless a lease of this provider
+// holds the key, which the server did say.
+func (c *call) unanswered() (tenace.LockLease, error) {
+	if c.p.holds(c.key) {
+		return nil, nil
+	}
+	return nil, c.noReply()
+}
+
+// noReply is the error of a call that the server did not answer in time.
+func (c *call) noReply() error {
+	asked := map[int32]string{
+		phaseConnecting:  "connecting got no answer",
+		phaseLocking:     "the lock statement got no answer",
+		phaseRegistering: "registering the key got no answer",
+	}[c.phase.Load()]
+	within := fmt.Sprintf("its %v Timeout", c.opts.Timeout)
+	if c.bounded {
+		within += fmt.Sprintf(" and %v more", replyAllowance)
+	}
+	return fmt.Errorf("%w: acquiring %s, %s within %s; retry later, and if it persists, the server is stalled, overloaded or cut off (what was sent is cleaned up in the background)", ErrNoReply, keyfmt.Quote(c.key), asked, within)
+}
