@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"tenace.dev/tenace"
+	"tenace.dev/tenace/clock"
 	"tenace.dev/tenace/internal/keyfmt"
-	"tenace.dev/tenace/policy"
 )
 
 // ErrNoReply is wrapped by the error Acquire returns when PostgreSQL, once
@@ -119,7 +119,7 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	stop := context.AfterFunc(p.closed, func() { bcancel(tenace.ErrProviderClosed) })
 	defer stop()
 	c := &call{p: p, ctx: ctx, key: key, opts: opts,
-		bounded: opts.Timeout > 0 && policy.IsSystemClock(opts.Clock), deadline: time.Now().Add(opts.Timeout)}
+		bounded: opts.Timeout > 0 && clock.IsSystem(opts.Clock), deadline: time.Now().Add(opts.Timeout)}
 	wctx, cancel := tenace.AcquireContext(base, opts)
 	defer cancel()
 	c.wctx = wctx
@@ -524,9 +524,9 @@ func (c *call) waitEnded(answered bool) (tenace.LockLease, error) {
 	switch {
 	case errors.Is(cause, tenace.ErrProviderClosed) || c.p.closed.Err() != nil:
 		return nil, c.p.closedErr()
-	case cause == errGaveUp, cause == tenace.ErrAcquireTimeout && !answered:
+	case cause == errGaveUp, cause == tenace.ErrAcquireContextTimeout && !answered:
 		return c.unanswered()
-	case cause == tenace.ErrAcquireTimeout:
+	case cause == tenace.ErrAcquireContextTimeout:
 		return nil, nil
 	}
 	return nil, cause
