@@ -2,6 +2,8 @@
 GO       ?= go
 FUZZTIME ?= 30s
 # Every module of the workspace (go.work); ./... alone covers only the core.
+# The distributed providers: tested one package at a time (see test-race).
+DISTRIBUTED := ./tenace/redislock/... ./tenace/pglock/... ./tenace/etcdlock/...
 PKGS     := ./... ./bench/... ./tenace/redislock/... ./tenace/oteltenace/... ./tenace/pglock/... ./tenace/etcdlock/... ./tenace/failsafelock/... ./scripts/releaseproxy/...
 
 # The distributed providers' tests need redis-server, postgresql with pgbouncer, and
@@ -17,9 +19,12 @@ test: servers test-race test-allocs test-verify release-check
 servers:
 	@./scripts/servers install
 
-## test-race: every test of every module under the race detector
+## test-race: every test of every module under the race detector; the distributed
+## providers' packages one at a time (their fault tests stall servers and run CPU
+## burners, and measure timing bounds that another package's burners would skew)
 test-race:
-	$(GO) test -race -count=1 $(PKGS)
+	$(GO) test -race -count=1 $(filter-out $(DISTRIBUTED),$(PKGS))
+	$(GO) test -race -count=1 -p 1 $(DISTRIBUTED)
 
 ## test-allocs: the allocation budgets (sync.Pool drops items under -race, so they run without it)
 test-allocs:
