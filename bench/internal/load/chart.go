@@ -133,7 +133,7 @@ func chartSVG(rs []result) []byte {
 	if floorRate > 0 {
 		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#444" stroke-width="1.5" stroke-dasharray="5 4"/>`+"\n", lx, y-4, lx+28, y-4)
 		text(&b, lx+36, y, "floor: one channel round", "")
-		text(&b, lx+36, y+15, fmt.Sprintf("trip per op (%s)", dur(rs[0].Floor)), "")
+		text(&b, lx+36, y+15, fmt.Sprintf("trip per op (%s)", Dur(rs[0].Floor)), "")
 		y += 36
 	}
 	for i, l := range []string{
@@ -255,7 +255,7 @@ func valueLabel(m measureRow, v float64) string {
 	if !m.latency {
 		return fmt.Sprintf("%.0f ops/s", v)
 	}
-	return dur(time.Duration(v))
+	return Dur(time.Duration(v))
 }
 
 // niceStep rounds a tick step up to 1, 2 or 5 times a power of ten.

@@ -378,7 +378,7 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "tenace load tool — %s; %d cells of %v, hold %v%s\n", machine(), len(cells), c.duration, c.hold, busyNote)
 	floor := measureFloor()
-	fmt.Fprintf(stdout, "floor: one channel round trip between two goroutines takes %s here (%.2f M/s)\n\n", dur(floor), 1e3/float64(floor.Nanoseconds()))
+	fmt.Fprintf(stdout, "floor: one channel round trip between two goroutines takes %s here (%.2f M/s)\n\n", Dur(floor), 1e3/float64(floor.Nanoseconds()))
 	printHeader(stdout)
 	var rs []result
 	var notes []string

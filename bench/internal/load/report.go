@@ -31,7 +31,7 @@ func printRow(w io.Writer, r result, base *result) {
 	}
 	note := strings.Join(notes, "; ")
 	fmt.Fprintf(w, header, r.Impl, r.Scenario, fmt.Sprint(r.Goroutines), fmt.Sprintf("%.0f", r.OpsPerSec), opsX,
-		dur(r.P50), dur(r.P99), dur(r.P999), dur(r.Max), tailX, vsFloor(r), fmt.Sprint(r.MaxInside), note)
+		Dur(r.P50), Dur(r.P99), Dur(r.P999), Dur(r.Max), tailX, vsFloor(r), fmt.Sprint(r.MaxInside), note)
 }
 
 // ratios are the row's two comparisons with tenace, written so that above
@@ -95,7 +95,8 @@ inside: the most goroutines ever seen inside one key's critical section at once;
 	return b.String()
 }
 
-func dur(d time.Duration) string {
+// Dur prints d as the table does: 830ns, 12.5µs, 1.20ms.
+func Dur(d time.Duration) string {
 	switch {
 	case d < time.Microsecond:
 		return fmt.Sprintf("%dns", d.Nanoseconds())
@@ -129,7 +130,7 @@ func writeOutputs(dir string, rs []result, notes []string) error {
 	var md strings.Builder
 	fmt.Fprintf(&md, "Machine: %s.", machine())
 	if len(rs) > 0 && rs[0].Floor > 0 {
-		fmt.Fprintf(&md, " Floor: one channel round trip, %s.", dur(rs[0].Floor))
+		fmt.Fprintf(&md, " Floor: one channel round trip, %s.", Dur(rs[0].Floor))
 	}
 	md.WriteString("\n\n")
 	if len(rs) > 0 && rs[0].Busy > 0 {
@@ -150,7 +151,7 @@ func writeOutputs(dir string, rs []result, notes []string) error {
 	for _, r := range rs {
 		opsX, tailX := ratios(r, baseOf(rs, r))
 		fmt.Fprintf(&md, "| %s | %s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %d |", r.Impl, r.Scenario, r.Goroutines,
-			r.OpsPerSec, opsX, dur(r.P50), dur(r.P99), dur(r.P999), dur(r.Max), tailX, vsFloor(r), r.MaxInside)
+			r.OpsPerSec, opsX, Dur(r.P50), Dur(r.P99), Dur(r.P999), Dur(r.Max), tailX, vsFloor(r), r.MaxInside)
 		if gaveUp {
 			fmt.Fprintf(&md, " %d |", r.Gaveup)
 		}
