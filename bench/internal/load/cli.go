@@ -214,17 +214,17 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		}
 		c.impls = append(c.impls, n)
 	}
-	// The base implementation runs first in each cell, so that every other
-	// row can print its ratio to it as soon as it finishes.
-	slices.SortStableFunc(c.impls, func(a, b string) int {
-		switch {
-		case isBase(a) && !isBase(b):
-			return -1
-		case isBase(b) && !isBase(a):
-			return 1
+	// Rows go family by family, and the base implementation runs first in
+	// each, so that every other row can print its ratio to it as soon as it
+	// finishes.
+	rank := func(impl string) int {
+		r := 2 * slices.Index(families, familyOf(impl))
+		if !isBase(impl) {
+			r++
 		}
-		return 0
-	})
+		return r
+	}
+	slices.SortStableFunc(c.impls, func(a, b string) int { return rank(a) - rank(b) })
 	if *scenario == "" {
 		*scenario = familyDefault(c.families, func(f *Family) string { return f.Scenarios })
 	}
@@ -378,7 +378,7 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "tenace load tool — %s; %d cells of %v, hold %v%s\n", machine(), len(cells), c.duration, c.hold, busyNote)
 	floor := measureFloor()
-	fmt.Fprintf(stdout, "floor: one channel round trip between two goroutines takes %s here (%.2f M/s)\n\n", Dur(floor), 1e3/float64(floor.Nanoseconds()))
+	fmt.Fprintf(stdout, "floor: one channel round trip between two goroutines takes %s here (%.2f M/s; the fastest of ten 10ms samples)\n\n", Dur(floor), 1e3/float64(floor.Nanoseconds()))
 	printHeader(stdout)
 	var rs []result
 	var notes []string
