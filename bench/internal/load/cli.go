@@ -161,6 +161,8 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	for _, name := range split(*providers) {
 		f := family(name)
 		switch {
+		case f == nil && slices.Contains(elsewhere, name) && len(families) > 1:
+			return bad("-providers %s: no %s family is registered in this tool yet", name, name)
 		case f == nil && slices.Contains(elsewhere, name):
 			return bad("-providers %s: the distributed providers are in a command of their own, so that this one compiles in seconds: go run ./bench/all -providers %s", name, *providers)
 		case f == nil:
