@@ -160,3 +160,21 @@ func TestTheLightCommandNamesTheOneWithTheDistributedProviders(t *testing.T) {
 		require.Contains(t, errOut, want, args)
 	}
 }
+
+// Every ratio reads the same way: above 1, tenace is better in that cell —
+// for throughput (tenace's ops/s over the row's) and for the tail (the
+// row's p999 over tenace's) — and vs floor is the row's rate over one
+// channel round trip per op.
+func TestRatiosAboveOneMeanTenaceIsBetter(t *testing.T) {
+	tenace := result{cell: cell{Impl: "tenace", Family: "memory"}, OpsPerSec: 2e6, P999: time.Millisecond, Floor: 250 * time.Nanosecond}
+	slowerLongerTail := result{cell: cell{Impl: "moby", Family: "memory"}, OpsPerSec: 1e6, P999: 3 * time.Millisecond, Floor: 250 * time.Nanosecond}
+	ops, tail := ratios(slowerLongerTail, &tenace)
+	require.Equal(t, "2.00", ops)
+	require.Equal(t, "3.00", tail)
+	ops, tail = ratios(tenace, &slowerLongerTail)
+	require.Equal(t, "0.50", ops)
+	require.Equal(t, "0.33", tail)
+	require.Equal(t, "0.50", vsFloor(tenace), "2 M ops/s against a 4 M/s floor")
+	require.Equal(t, "-", vsFloor(result{cell: cell{Family: "redis"}, OpsPerSec: 1e4, Floor: time.Microsecond}), "no floor for a server round trip")
+	require.Equal(t, "0.0043", ratio(0.00432), "small ratios keep two significant digits")
+}
