@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"tenace.dev/bench/internal/load"
 )
 
 // BenchmarkFloor is what no lock can beat: a request/reply round trip to
@@ -73,21 +75,21 @@ var goroutineCounts = []int{1, 16, 256}
 // all goroutines' ops. In cancel, an op is an attempt: the ones that gave up
 // count in b.N too, and gaveup/op says what share of them did.
 func BenchmarkLock(b *testing.B) {
-	for _, impl := range impls {
-		b.Run(impl.name, func(b *testing.B) {
-			for _, sc := range scenarios {
+	for _, name := range load.MemoryImpls() {
+		b.Run(name, func(b *testing.B) {
+			for _, sc := range load.Scenarios() {
 				b.Run(sc, func(b *testing.B) {
 					for _, g := range goroutineCounts {
 						b.Run(fmt.Sprintf("g=%d", g), func(b *testing.B) {
-							l := impl.make(0)
+							l := load.MakeLocker(name, 0)
 							defer l.Close()
 							if sc == "cancel" && !l.TakesContext() {
 								b.Skip("takes no context")
 							}
-							ws := newWorkers(sc, g, 0)
+							ws := load.NewWorkers(sc, g, 0)
 							b.ReportAllocs()
 							b.ResetTimer()
-							d, gaveUp := runFixed(l, ws, b.N)
+							d, gaveUp := load.RunFixed(l, ws, b.N)
 							b.StopTimer()
 							b.ReportMetric(float64(d.Nanoseconds())/float64(b.N), "wall-ns/op")
 							if sc == "cancel" {
@@ -102,7 +104,7 @@ func BenchmarkLock(b *testing.B) {
 }
 
 // BenchmarkBusy is BenchmarkBusy/<impl>/<scenario>/busy=<N>: 16 goroutines
-// locking beside N goroutines that burn CPU (burnCPU), which BenchmarkLock
+// locking beside N goroutines that burn CPU (load.BurnCPU), which BenchmarkLock
 // never has: there every goroutine blocks. It shows what the process's
 // other work costs each lock (bench/README.md, "Beside CPU-bound work"),
 // and it is where a lock manager that yields its P or spins would show a
@@ -116,14 +118,14 @@ func BenchmarkBusy(b *testing.B) {
 				b.Run(sc, func(b *testing.B) {
 					for _, busy := range []int{0, 2, 8} {
 						b.Run(fmt.Sprintf("busy=%d", busy), func(b *testing.B) {
-							l, _ := makeLocker(name, 0)
+							l := load.MakeLocker(name, 0)
 							defer l.Close()
-							ws := newWorkers(sc, 16, 0)
-							stop := burnCPU(busy)
+							ws := load.NewWorkers(sc, 16, 0)
+							stop := load.BurnCPU(busy)
 							defer stop()
 							b.ReportAllocs()
 							b.ResetTimer()
-							_, _ = runFixed(l, ws, b.N)
+							_, _ = load.RunFixed(l, ws, b.N)
 						})
 					}
 				})
@@ -151,14 +153,14 @@ func BenchmarkWaiters(b *testing.B) {
 				baseHeap, baseStack := measureWaiters(func(block chan struct{}) (func(), func()) {
 					return func() { <-block }, func() { close(block) }
 				})
-				l, _ := makeLocker(name, 1)
+				l := load.MakeLocker(name, 1)
 				holding, release := make(chan struct{}), make(chan struct{})
 				go func() {
 					_ = l.Do(context.Background(), "k", func(context.Context) error { close(holding); <-release; return nil })
 				}()
 				<-holding
 				h, s := measureWaiters(func(chan struct{}) (func(), func()) {
-					return func() { _ = l.Do(context.Background(), "k", noop) }, func() { close(release) }
+					return func() { _ = l.Do(context.Background(), "k", load.Noop) }, func() { close(release) }
 				})
 				l.Close()
 				heap, stack = (h-baseHeap)/waiters, (s-baseStack)/waiters

@@ -1,4 +1,4 @@
-package main
+package load
 
 import (
 	"context"
@@ -7,24 +7,26 @@ import (
 	"time"
 )
 
-// worker is one goroutine's share of a run: its key sequence and, for the
-// cancel scenario, which operations carry a short-lived context.
-type worker struct {
+// Worker is one goroutine's share of a run (NewWorkers): its key sequence
+// and, for the cancel scenario, which operations carry a short-lived
+// context.
+type Worker struct {
 	keys   []string
-	offset int // where this worker starts in a shared sequence
+	offset int // where this Worker starts in a shared sequence
 	cancel bool
-	fn     func(context.Context) error // what runs under the lock; made once per worker
+	fn     func(context.Context) error // what runs under the lock; made once per Worker
 }
 
-func noop(context.Context) error { return nil }
+// Noop is the critical section of the Go benchmarks: nothing.
+func Noop(context.Context) error { return nil }
 
 // key is the key of operation i.
-func (w *worker) key(i int) string { return w.keys[(w.offset+i)%len(w.keys)] }
+func (w *Worker) key(i int) string { return w.keys[(w.offset+i)%len(w.keys)] }
 
 // op runs operation i of w on l and returns Do's error; ended reports
 // whether the operation's own context had ended by then (only the cancel
 // scenario's short-lived ones end), which tells a give-up from a failure.
-func (w *worker) op(ctx context.Context, l Locker, i int) (ended bool, err error) {
+func (w *Worker) op(ctx context.Context, l Locker, i int) (ended bool, err error) {
 	key := w.key(i)
 	if w.cancel && i%10 == 9 {
 		c, stop := context.WithTimeout(ctx, cancelWait*time.Nanosecond)
@@ -37,19 +39,21 @@ func (w *worker) op(ctx context.Context, l Locker, i int) (ended bool, err error
 	return ctx.Err() != nil, err
 }
 
-func newWorkers(scenario string, g, keys int) []*worker {
-	ws := make([]*worker, g)
+// NewWorkers makes g workers for scenario (Scenarios) over keys keys (0:
+// the scenario's default).
+func NewWorkers(scenario string, g, keys int) []*Worker {
+	ws := make([]*Worker, g)
 	for i := range ws {
-		ws[i] = &worker{keys: keySeq(scenario, i, keys), offset: i * 7919, cancel: scenario == "cancel", fn: noop}
+		ws[i] = &Worker{keys: keySeq(scenario, i, keys), offset: i * 7919, cancel: scenario == "cancel", fn: Noop}
 	}
 	return ws
 }
 
-// runFixed runs n operations split over the workers, each on its own
+// RunFixed runs n operations split over the workers, each on its own
 // goroutine, all released at once; it returns the wall time from the release
 // to the last goroutine's end, and how many of the n operations failed (in
 // the cancel scenario, those that gave up: they count in n all the same).
-func runFixed(l Locker, ws []*worker, n int) (time.Duration, int64) {
+func RunFixed(l Locker, ws []*Worker, n int) (time.Duration, int64) {
 	var ready, done sync.WaitGroup
 	var failed atomic.Int64
 	start := make(chan struct{})

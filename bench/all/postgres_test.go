@@ -2,6 +2,10 @@ package main
 
 import (
 	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"tenace.dev/bench/internal/load"
 	"tenace.dev/internal/pgtest"
 	"tenace.dev/internal/redistest"
 )
@@ -50,10 +55,10 @@ func BenchmarkPostgres(b *testing.B) {
 			l, err := impl.make(ctx, pg.ConnString(), 4)
 			require.NoError(b, err)
 			defer l.Close()
-			_ = l.Do(ctx, "u-"+impl.name, noop) // register the key, warm the pool
+			_ = l.Do(ctx, "u-"+impl.name, load.Noop) // register the key, warm the pool
 			b.ReportAllocs()
 			for b.Loop() {
-				if err := l.Do(ctx, "u-"+impl.name, noop); err != nil {
+				if err := l.Do(ctx, "u-"+impl.name, load.Noop); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -80,7 +85,7 @@ func BenchmarkPostgres(b *testing.B) {
 // handoff runs 8 contenders on key, each pausing 200µs between its
 // operations so that others are always waiting, and reports the mean
 // hand-off time and the hand-offs per operation (as BenchmarkRedis does).
-func handoff(b *testing.B, l Locker, key string) {
+func handoff(b *testing.B, l load.Locker, key string) {
 	const contenders = 8
 	var (
 		mu          sync.Mutex // guards the hand-off record, written inside the lock
@@ -91,7 +96,7 @@ func handoff(b *testing.B, l Locker, key string) {
 		left        atomic.Int64
 		wg          sync.WaitGroup
 	)
-	_ = l.Do(context.Background(), key, noop) // register the key, warm the pool
+	_ = l.Do(context.Background(), key, load.Noop) // register the key, warm the pool
 	left.Store(int64(b.N))
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -128,23 +133,43 @@ func handoff(b *testing.B, l Locker, key string) {
 	}
 }
 
-// TestPostgresCellsRun: the load tool's PostgreSQL cells run, count
-// operations, and never let two holders into one key.
-func TestPostgresCellsRun(t *testing.T) {
+// The load tool's PostgreSQL cells run on a server given by address, and
+// never let two holders into one key (the tool exits 1 if one did).
+func TestPostgresCellsRunOnAGivenServer(t *testing.T) {
 	pg := pgtest.Start(t)
+	out, _ := runCapture(t, []string{"-providers", "postgres", "-postgres", pg.ConnString(), "-goroutines", "2,4", "-duration", "50ms", "-quiet"})
+	require.Equal(t, 0, out.code)
 	for _, impl := range postgresImpls {
-		for _, sc := range []string{"distinct", "hot"} {
-			r, err := runCell(cell{Impl: impl.name, Scenario: sc, Goroutines: 4, Hold: time.Microsecond, Duration: 100 * time.Millisecond, Postgres: pg.ConnString()}, nil, "")
-			require.NoError(t, err)
-			require.Positive(t, r.Ops, "%s %s", impl.name, sc)
-			require.Equal(t, int32(1), r.MaxInside, "%s %s: holders inside one key", impl.name, sc)
+		require.Regexp(t, `(?m)^`+impl.name+`\s+hot\s+4\s+[1-9]`, out.stdout)
+		require.Regexp(t, `(?m)^`+impl.name+`\s+distinct\s+2\s+[1-9]`, out.stdout)
+	}
+}
+
+// With no address, one invocation runs the Redis and the PostgreSQL
+// families on throwaway servers it starts, compares each row with its own
+// family's tenace, charts them, and stops the servers (TestMain's goleak
+// would find the watchers left running).
+func TestOneInvocationStartsTheServersItNeeds(t *testing.T) {
+	for _, bin := range []string{"redis-server"} {
+		if _, err := exec.LookPath(bin); err != nil && os.Getenv("CI") == "" {
+			t.Skip(bin + " is not installed")
 		}
 	}
-	out, errOut := runCapture(t, []string{"-provider", "postgres"})
-	require.Equal(t, 2, out.code)
-	require.Contains(t, errOut, "-provider postgres needs -postgres")
-	out, _ = runCapture(t, []string{"-provider", "postgres", "-postgres", pg.ConnString(), "-goroutines", "2", "-scenario", "hot", "-duration", "50ms", "-quiet"})
-	require.Equal(t, 0, out.code)
-	require.Contains(t, out.stdout, "tenace-pg")
-	require.Contains(t, out.stdout, "pg-hand")
+	dir := t.TempDir()
+	out, errOut := runCapture(t, []string{"-providers", "redis,postgres", "-scenario", "hot", "-goroutines", "2", "-duration", "100ms", "-out", dir})
+	if strings.Contains(errOut, "not installed") && os.Getenv("CI") == "" {
+		t.Skip(errOut)
+	}
+	require.Equal(t, 0, out.code, errOut)
+	require.Contains(t, errOut, "starting a throwaway redis server")
+	require.Contains(t, errOut, "starting a throwaway postgres server")
+	for _, impl := range []string{"tenace-redis", "redsync", "bsm", "tenace-pg", "tenace-pg-nofence", "pg-hand"} {
+		require.Regexp(t, `(?m)^`+impl+`\s+hot\s+2\s`, out.stdout)
+	}
+	require.Regexp(t, `(?m)^tenace-redis\s+hot\s+2\s+\d+\s+1\.00 `, out.stdout, "the base of its family")
+	require.Regexp(t, `(?m)^tenace-pg\s+hot\s+2\s+\d+\s+1\.00 `, out.stdout, "the base of its family")
+	svg, err := os.ReadFile(filepath.Join(dir, "chart.svg"))
+	require.NoError(t, err)
+	require.Contains(t, string(svg), "bsm")
+	require.Contains(t, string(svg), "pg-hand")
 }

@@ -1,8 +1,9 @@
-package main
+package load
 
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 )
 
 // A scenario says which key each operation of each goroutine uses.
@@ -15,6 +16,9 @@ import (
 //	          leave the queue. Only for implementations that take a context.
 var scenarios = []string{"distinct", "hot", "zipf", "cancel"}
 
+// Scenarios names the scenarios, in table order.
+func Scenarios() []string { return slices.Clone(scenarios) }
+
 const (
 	zipfKeys   = 10_000
 	zipfS      = 1.1
@@ -26,7 +30,7 @@ const (
 // keySeq returns goroutine g's key sequence for a scenario; keys are
 // formatted once here so that the measured loop only indexes a slice. The
 // zipf sequence is drawn once and shared: each goroutine starts at its own
-// offset into it (see worker.op).
+// offset into it (see Worker.op).
 func keySeq(scenario string, g, keys int) []string {
 	switch scenario {
 	case "hot", "cancel":

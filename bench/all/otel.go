@@ -3,19 +3,16 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"tenace.dev/bench/internal/load"
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/oteltenace"
 )
@@ -26,69 +23,46 @@ import (
 // what a dashboard would. -otel runs both.
 const otelImpl = "pipeline+otel"
 
-func init() {
-	impls = append(impls, struct {
-		name string
-		desc string
-		make func(shards int) Locker
-	}{otelImpl, "pipeline with the oteltenace listener on the OpenTelemetry SDK (ManualReader)", newOtelLocker})
-}
-
-// lastOtel holds the metrics the last pipeline+otel locker collected when it
-// was closed; run takes them after each such cell. (runCell owns the
-// locker's life, so the metrics come back this way.)
-var lastOtel atomic.Pointer[metricdata.ResourceMetrics]
-
 type otelLocker struct {
-	pipelineLocker
+	load.PipelineLocker
 	reader *sdkmetric.ManualReader
 	meters *sdkmetric.MeterProvider
 }
 
-func newOtelLocker(shards int) Locker {
-	var opts []tenace.MemoryOption
-	if shards > 0 {
-		opts = append(opts, tenace.WithShards(shards))
-	}
-	p := tenace.NewMemoryLockProvider(opts...)
+func newOtelLocker(_ string, _, shards int) (load.Locker, error) {
+	p := load.NewMemoryProvider(shards)
 	reader := sdkmetric.NewManualReader()
 	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	tel := oteltenace.New(oteltenace.WithMeterProvider(meters))
 	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p}).OnEvent(tel.Listen)
-	return &otelLocker{pipelineLocker: pipelineLocker{p: p, pol: pol}, reader: reader, meters: meters}
+	return &otelLocker{PipelineLocker: load.PipelineLocker{P: p, Policy: pol}, reader: reader, meters: meters}, nil
 }
 
-// Close collects what the run recorded, then closes.
+// Close shuts the meters down, then closes.
 func (o *otelLocker) Close() {
-	var rm metricdata.ResourceMetrics
-	if err := o.reader.Collect(context.Background(), &rm); err == nil {
-		lastOtel.Store(&rm)
-	}
 	_ = o.meters.Shutdown(context.Background())
-	o.pipelineLocker.Close()
+	o.PipelineLocker.Close()
 }
 
-// otelReport is the metrics of one pipeline+otel cell.
-type otelReport struct {
-	label string
-	rm    *metricdata.ResourceMetrics
-}
-
-// printOtel writes each report as a dashboard would summarise it: counters
-// and up-down counters by attribute, histograms as count, mean, max and
-// quantiles read from the buckets (the bucket's upper bound: all an
-// exporter's histogram tells).
-func printOtel(w io.Writer, reports []otelReport) {
-	for _, r := range reports {
-		fmt.Fprintf(w, "\nOpenTelemetry metrics recorded by %s (cumulative over the cell):\n", r.label)
-		for _, sm := range r.rm.ScopeMetrics {
-			for _, m := range sm.Metrics {
-				for _, line := range metricLines(m) {
-					fmt.Fprintf(w, "  %-28s %-15s %s\n", m.Name, "("+m.Unit+")", line)
-				}
+// Summary collects what the cell recorded and writes it as a dashboard
+// would summarise it: counters and up-down counters by attribute,
+// histograms as count, mean, max and quantiles read from the buckets (the
+// bucket's upper bound: all an exporter's histogram tells).
+func (o *otelLocker) Summary(cell string) string {
+	var rm metricdata.ResourceMetrics
+	if err := o.reader.Collect(context.Background(), &rm); err != nil {
+		return fmt.Sprintf("OpenTelemetry metrics of %s: collecting them failed: %v\n", cell, err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "OpenTelemetry metrics recorded by %s (cumulative over the cell):\n", cell)
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			for _, line := range metricLines(m) {
+				fmt.Fprintf(&b, "  %-28s %-15s %s\n", m.Name, "("+m.Unit+")", line)
 			}
 		}
 	}
+	return b.String()
 }
 
 func metricLines(m metricdata.Metrics) []string {
@@ -142,14 +116,4 @@ func bucketQuantile(dp metricdata.HistogramDataPoint[float64], q float64) string
 	return "+Inf"
 }
 
-func seconds(s float64) string { return dur(time.Duration(s * float64(time.Second))) }
-
-// writeOtel writes the reports to dir/otel.txt.
-func writeOtel(dir string, reports []otelReport) error {
-	f, err := os.Create(filepath.Join(dir, "otel.txt"))
-	if err != nil {
-		return err
-	}
-	printOtel(f, reports)
-	return f.Close()
-}
+func seconds(s float64) string { return load.Dur(time.Duration(s * float64(time.Second))) }

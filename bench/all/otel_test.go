@@ -29,13 +29,13 @@ func TestOtelRunsThePipelineWithAndWithoutTheListenerAndPrintsItsMetrics(t *test
 	require.Regexp(t, `tenace\.lock\.hold\.duration\s+\(s\)\s+-\s+count `+acquired[1]+` `, out.stdout)
 	require.Regexp(t, `tenace\.lock\.waiting\s+\(\{caller\}\)\s+-\s+0\n`, out.stdout)
 
-	txt, err := os.ReadFile(filepath.Join(dir, "otel.txt"))
+	txt, err := os.ReadFile(filepath.Join(dir, "notes.txt"))
 	require.NoError(t, err)
 	require.Contains(t, string(txt), "tenace.lock.wait.duration")
 }
 
 func TestOtelGoesWithTheMemoryProvider(t *testing.T) {
-	out, errOut := runCapture(t, []string{"-otel", "-provider", "redis", "-redis", "127.0.0.1:1"})
+	out, errOut := runCapture(t, []string{"-otel", "-providers", "redis", "-redis", "127.0.0.1:1"})
 	require.Equal(t, 2, out.code)
-	require.Contains(t, errOut, "-otel goes with -provider memory")
+	require.Contains(t, errOut, "-otel goes with -providers memory")
 }

@@ -1,10 +1,11 @@
-package main
+package load
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,8 +22,8 @@ type cell struct {
 	Hold       time.Duration `json:"hold_ns"`
 	Busy       int           `json:"busy,omitempty"` // goroutines burning CPU beside the lockers
 	Shards     int           `json:"shards,omitempty"`
-	Redis      string        `json:"redis,omitempty"`    // the server, for the Redis implementations
-	Postgres   string        `json:"postgres,omitempty"` // the connection string, for the PostgreSQL implementations
+	Family     string        `json:"family"`         // memory, redis, postgres
+	Addr       string        `json:"addr,omitempty"` // the family's server: address or connection string
 	Duration   time.Duration `json:"duration_ns"`
 }
 
@@ -40,6 +41,9 @@ type result struct {
 	// MaxInside is the most goroutines ever seen inside one key's critical
 	// section at once. Anything but 1 is a broken lock.
 	MaxInside int32 `json:"max_inside"`
+	// Floor is one channel round trip between two goroutines, measured at
+	// the start of the run: the design's floor for one acquire.
+	Floor time.Duration `json:"floor_ns"`
 }
 
 // holdFor spends d inside the critical section: a busy wait below 50µs,
@@ -56,12 +60,12 @@ func holdFor(d time.Duration) {
 	}
 }
 
-// burnCPU starts n goroutines that spin on CPU, never blocking, until the
+// BurnCPU starts n goroutines that spin on CPU, never blocking, until the
 // returned function is called; it returns once they have all ended. They
 // stand for the rest of a process's work: a lock manager that yields its P
 // or spins is slowed, or starves, beside them where one that parks is not
 // (bench/README.md, Experiments: the shard that yields before it parks).
-func burnCPU(n int) (stop func()) {
+func BurnCPU(n int) (stop func()) {
 	var (
 		quit atomic.Bool
 		wg   sync.WaitGroup
@@ -79,30 +83,67 @@ func burnCPU(n int) (stop func()) {
 }
 
 // runCell makes c's implementation, runs c for c.Duration and measures it
-// (see measure). progress, if set, gets a line about every 250ms.
-func runCell(c cell, progress io.Writer, label string) (result, error) {
-	l, ok := makeLocker(c.Impl, c.Shards)
-	if c.Redis != "" {
-		l, ok = makeRedisLocker(c.Impl, c.Redis)
+// (see measure). progress, if set, gets a line about every 250ms. note is
+// what the implementation had to say after the cell (a Summarizer's
+// Summary), or "".
+func runCell(c cell, progress io.Writer, label string) (r result, note string, err error) {
+	f := familyOf(c.Impl)
+	if f == nil {
+		return result{}, "", fmt.Errorf("unknown implementation %q", c.Impl)
 	}
-	if c.Postgres != "" {
-		var err error
-		if l, ok, err = makePostgresLocker(c.Impl, c.Postgres, c.Goroutines); err != nil {
-			return result{}, err
-		}
-	}
-	if !ok {
-		return result{}, fmt.Errorf("unknown implementation %q", c.Impl)
+	l, err := f.impl(c.Impl).Make(c.Addr, c.Goroutines, c.Shards)
+	if err != nil {
+		return result{}, "", fmt.Errorf("%s: %w", c.Impl, err)
 	}
 	defer l.Close()
-	return measure(l, c, progress, label)
+	if r, err = measure(l, c, progress, label); err != nil {
+		return result{}, "", err
+	}
+	if s, ok := l.(Summarizer); ok {
+		note = s.Summary(fmt.Sprintf("%s %s g=%d", c.Impl, c.Scenario, c.Goroutines))
+	}
+	return r, note, nil
+}
+
+// A Summarizer is a Locker with something to say after its cell (the
+// OpenTelemetry metrics it recorded): the tool calls Summary once the cell
+// has run, before Close, prints it after the table and writes it to
+// notes.txt beside the results. cell names the cell.
+type Summarizer interface {
+	Summary(cell string) string
+}
+
+// measureFloor is the design's floor for one acquire: one round trip over
+// buffered channels between two goroutines (BenchmarkFloor/chan-rtt). It
+// is the fastest of ten 10ms samples: on a shared host a single sample
+// reads whatever else ran then.
+func measureFloor() time.Duration {
+	req, rep := make(chan struct{}, 1), make(chan struct{}, 1)
+	go func() {
+		for range req {
+			rep <- struct{}{}
+		}
+	}()
+	defer close(req)
+	best := time.Duration(math.MaxInt64)
+	for range 10 {
+		n, t0 := 0, time.Now()
+		for ; time.Since(t0) < 10*time.Millisecond; n += 100 {
+			for range 100 {
+				req <- struct{}{}
+				<-rep
+			}
+		}
+		best = min(best, time.Since(t0)/time.Duration(n))
+	}
+	return best
 }
 
 // measure runs c's scenario on l for c.Duration and measures it.
 func measure(l Locker, c cell, progress io.Writer, label string) (result, error) {
-	ws := newWorkers(c.Scenario, c.Goroutines, c.Keys)
+	ws := NewWorkers(c.Scenario, c.Goroutines, c.Keys)
 
-	// One counter per key, aligned with each worker's sequence, for the
+	// One counter per key, aligned with each Worker's sequence, for the
 	// holders-inside check.
 	counters := map[string]*atomic.Int32{}
 	inside := make([][]*atomic.Int32, len(ws))
@@ -181,7 +222,7 @@ func measure(l Locker, c cell, progress io.Writer, label string) (result, error)
 			ops.Add(n)
 		}()
 	}
-	stopBusy := burnCPU(c.Busy)
+	stopBusy := BurnCPU(c.Busy)
 	defer stopBusy()
 	ready.Wait()
 	began := time.Now()

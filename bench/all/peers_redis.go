@@ -10,6 +10,7 @@ import (
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
 
+	"tenace.dev/bench/internal/load"
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/redislock"
 )
@@ -27,17 +28,32 @@ import (
 var redisImpls = []struct {
 	name string
 	desc string
-	make func(c *redis.Client) Locker
+	make func(c *redis.Client) load.Locker
 }{
-	{"tenace-redis", "tenace/redislock: wakes on the release message", func(c *redis.Client) Locker {
+	{"tenace-redis", "tenace/redislock: wakes on the release message", func(c *redis.Client) load.Locker {
 		return &providerLocker{p: redislock.New(c), opts: tenace.LockAcquireOptions{TTL: redisTTL}}
 	}},
-	{"redsync", "go-redsync/redsync v4: polls 50–250ms apart", func(c *redis.Client) Locker {
+	{"redsync", "go-redsync/redsync v4: polls 50–250ms apart", func(c *redis.Client) load.Locker {
 		return &redsyncLocker{rs: redsync.New(goredis.NewPool(c))}
 	}},
-	{"bsm", "bsm/redislock: polls with a 10ms linear backoff", func(c *redis.Client) Locker {
+	{"bsm", "bsm/redislock: polls with a 10ms linear backoff", func(c *redis.Client) load.Locker {
 		return &bsmLocker{l: bsm.New(c)}
 	}},
+}
+
+// redisFamily is the Redis implementations on one server: -redis host:port,
+// or a throwaway redis-server.
+func redisFamily() *load.Family {
+	f := &load.Family{Name: "redis", Base: "tenace-redis", Scenarios: "distinct,hot", Goroutines: "1,8",
+		AddrFlag: "redis", AddrUsage: "Redis server address (host:port) for -providers redis (default: a throwaway redis-server)",
+		Start: startRedis}
+	for _, i := range redisImpls {
+		f.Impls = append(f.Impls, load.Impl{Name: i.name, Desc: i.desc, Make: func(addr string, _, _ int) (load.Locker, error) {
+			c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 512})
+			return &closingLocker{Locker: i.make(c), c: c}, nil
+		}})
+	}
+	return f
 }
 
 const redisTTL = 10 * time.Second
@@ -69,19 +85,9 @@ func (b *bsmLocker) Do(ctx context.Context, key string, fn func(context.Context)
 func (b *bsmLocker) TakesContext() bool { return true }
 func (b *bsmLocker) Close()             {}
 
-func makeRedisLocker(name, addr string) (Locker, bool) {
-	for _, i := range redisImpls {
-		if i.name == name {
-			c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 512})
-			return &closingLocker{Locker: i.make(c), c: c}, true
-		}
-	}
-	return nil, false
-}
-
 // closingLocker closes the client it made with the Locker.
 type closingLocker struct {
-	Locker
+	load.Locker
 	c *redis.Client
 }
 

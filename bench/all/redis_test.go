@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"tenace.dev/bench/internal/load"
 	"tenace.dev/internal/redistest"
 )
 
@@ -49,11 +50,11 @@ func BenchmarkRedis(b *testing.B) {
 			c.AddHook(h)
 			l := impl.make(c)
 			ctx := context.Background()
-			_ = l.Do(ctx, "u-"+impl.name, noop) // load the scripts
+			_ = l.Do(ctx, "u-"+impl.name, load.Noop) // load the scripts
 			h.n.Store(0)
 			b.ReportAllocs()
 			for b.Loop() {
-				if err := l.Do(ctx, "u-"+impl.name, noop); err != nil {
+				if err := l.Do(ctx, "u-"+impl.name, load.Noop); err != nil {
 					b.Fatal(err)
 				}
 			}

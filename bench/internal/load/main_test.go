@@ -1,8 +1,9 @@
-package main
+package load
 
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -36,18 +37,15 @@ func TestBadFlagsGetAMessageTheUsageAndExitCode2(t *testing.T) {
 // Every implementation, every scenario, a short cell: the tool runs, counts
 // operations, and no key ever had two holders.
 func TestEveryCellRunsAndKeepsMutualExclusion(t *testing.T) {
-	for _, impl := range impls {
+	for _, impl := range family("memory").Impls {
 		for _, sc := range scenarios {
-			l, _ := makeLocker(impl.name, 0)
-			takes := l.TakesContext()
-			l.Close()
-			if sc == "cancel" && !takes {
+			if sc == "cancel" && !takesContext(impl.Name) {
 				continue
 			}
-			r, err := runCell(cell{Impl: impl.name, Scenario: sc, Goroutines: 8, Hold: time.Microsecond, Duration: 50 * time.Millisecond}, nil, "")
+			r, _, err := runCell(cell{Impl: impl.Name, Family: "memory", Scenario: sc, Goroutines: 8, Hold: time.Microsecond, Duration: 50 * time.Millisecond}, nil, "")
 			require.NoError(t, err)
-			require.Positive(t, r.Ops, "%s %s", impl.name, sc)
-			require.Equal(t, int32(1), r.MaxInside, "%s %s: holders inside one key", impl.name, sc)
+			require.Positive(t, r.Ops, "%s %s", impl.Name, sc)
+			require.Equal(t, int32(1), r.MaxInside, "%s %s: holders inside one key", impl.Name, sc)
 			require.Positive(t, r.P50)
 		}
 	}
@@ -75,13 +73,19 @@ func TestOutWritesTheTableJSONAndChart(t *testing.T) {
 	out, _ := runCapture(t, []string{"-impl", "tenace,moby", "-scenario", "hot", "-goroutines", "1,4", "-duration", "30ms", "-quiet", "-out", dir})
 	require.Equal(t, 0, out.code)
 	require.Contains(t, out.stdout, "tenace")
-	for _, f := range []string{"results.md", "results.json", "chart.svg", "chart.png"} {
+	for _, f := range []string{"results.md", "results.json", "chart.svg"} {
 		b, err := os.ReadFile(filepath.Join(dir, f))
 		require.NoError(t, err)
 		require.NotEmpty(t, b)
 	}
 	md, _ := os.ReadFile(filepath.Join(dir, "results.md"))
-	require.Equal(t, 1+1+1+4, strings.Count(string(md), "\n")-1, "machine line, header, separator, 4 rows")
+	require.Len(t, regexp.MustCompile(`(?m)^\| (tenace|moby) \| hot \| [14] \|`).FindAllString(string(md), -1), 4, "4 rows:\n%s", md)
+	require.Contains(t, string(md), "above 1, tenace is better", "the ratios explained")
+	require.Contains(t, string(md), "moby              github.com/moby/locker", "the implementations named")
+	svg, _ := os.ReadFile(filepath.Join(dir, "chart.svg"))
+	for _, want := range []string{"higher is better", "lower is better", "goroutines", "floor: one channel round"} {
+		require.Contains(t, string(svg), want)
+	}
 }
 
 type captured struct {
@@ -94,21 +98,22 @@ type captured struct {
 func runCapture(t *testing.T, args []string) (captured, string) {
 	t.Helper()
 	var stdout, stderr strings.Builder
-	code := run(args, &stdout, &stderr)
+	// Results go to a throwaway directory unless the test names one.
+	code := Run(append([]string{"-out", t.TempDir()}, args...), &stdout, &stderr)
 	return captured{code, stdout.String()}, stderr.String()
 }
 
 // A cell that let two holders in says so, also when some of its operations
 // gave up; results.md shows the give-ups the terminal table shows.
 func TestTheTableAndResultsMDShowBrokenAndGaveUp(t *testing.T) {
-	r := result{cell: cell{Impl: "tenace", Scenario: "cancel", Goroutines: 16}, Ops: 100, Gaveup: 7, OpsPerSec: 100, MaxInside: 2}
+	r := result{cell: cell{Impl: "tenace", Family: "memory", Scenario: "cancel", Goroutines: 16}, Ops: 100, Gaveup: 7, OpsPerSec: 100, MaxInside: 2}
 	var row strings.Builder
 	printRow(&row, r, nil)
 	require.Contains(t, row.String(), "BROKEN")
 	require.Contains(t, row.String(), "7 gave up")
 
 	dir := t.TempDir()
-	require.NoError(t, writeOutputs(dir, []result{r}))
+	require.NoError(t, writeOutputs(dir, []result{r}, nil))
 	md, err := os.ReadFile(filepath.Join(dir, "results.md"))
 	require.NoError(t, err)
 	require.Contains(t, string(md), "| gave up |")
@@ -137,5 +142,39 @@ func TestThePeersRowsCarryTheirRatioWhateverTheImplOrder(t *testing.T) {
 	}
 	require.Len(t, rows, 2, out.stdout)
 	require.True(t, strings.HasPrefix(rows[0], "tenace "), "tenace first: %q", rows)
-	require.Regexp(t, `^semaphore\s+distinct\s+2\s+\d+\s+\d+\.\d\dx `, rows[1])
+	require.Regexp(t, `^semaphore\s+distinct\s+2\s+\d+\s+\d+\.\d\d `, rows[1])
+}
+
+// go run ./bench compiles none of the distributed clients nor the
+// OpenTelemetry SDK: asked for them, it names the command that has them.
+func TestTheLightCommandNamesTheOneWithTheDistributedProviders(t *testing.T) {
+	for args, want := range map[string]string{
+		"-providers redis,postgres": "go run ./bench/all -providers redis,postgres",
+		"-providers etcd":           "go run ./bench/all -providers etcd",
+		"-otel":                     "go run ./bench/all -otel",
+		"-providers nope":           `unknown provider "nope"`,
+		"-providers memory,memory":  "memory named twice",
+	} {
+		out, errOut := runCapture(t, strings.Fields(args))
+		require.Equal(t, 2, out.code, args)
+		require.Contains(t, errOut, want, args)
+	}
+}
+
+// Every ratio reads the same way: above 1, tenace is better in that cell —
+// for throughput (tenace's ops/s over the row's) and for the tail (the
+// row's p999 over tenace's) — and vs floor is the row's rate over one
+// channel round trip per op.
+func TestRatiosAboveOneMeanTenaceIsBetter(t *testing.T) {
+	tenace := result{cell: cell{Impl: "tenace", Family: "memory"}, OpsPerSec: 2e6, P999: time.Millisecond, Floor: 250 * time.Nanosecond}
+	slowerLongerTail := result{cell: cell{Impl: "moby", Family: "memory"}, OpsPerSec: 1e6, P999: 3 * time.Millisecond, Floor: 250 * time.Nanosecond}
+	ops, tail := ratios(slowerLongerTail, &tenace)
+	require.Equal(t, "2.00", ops)
+	require.Equal(t, "3.00", tail)
+	ops, tail = ratios(tenace, &slowerLongerTail)
+	require.Equal(t, "0.50", ops)
+	require.Equal(t, "0.33", tail)
+	require.Equal(t, "0.50", vsFloor(tenace), "2 M ops/s against a 4 M/s floor")
+	require.Equal(t, "-", vsFloor(result{cell: cell{Family: "redis"}, OpsPerSec: 1e4, Floor: time.Microsecond}), "no floor for a server round trip")
+	require.Equal(t, "0.0043", ratio(0.00432), "small ratios keep two significant digits")
 }

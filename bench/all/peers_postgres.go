@@ -2,10 +2,10 @@ package main
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"tenace.dev/bench/internal/load"
 	"tenace.dev/tenace/pglock"
 )
 
@@ -21,23 +21,23 @@ import (
 var postgresImpls = []struct {
 	name string
 	desc string
-	make func(ctx context.Context, conn string, maxConns int) (Locker, error)
+	make func(ctx context.Context, conn string, maxConns int) (load.Locker, error)
 }{
-	{"tenace-pg", "tenace/pglock: PostgreSQL's lock queue, exact keys, fencing", func(ctx context.Context, conn string, maxConns int) (Locker, error) {
+	{"tenace-pg", "tenace/pglock: PostgreSQL's lock queue, exact keys, fencing", func(ctx context.Context, conn string, maxConns int) (load.Locker, error) {
 		p, err := pglock.New(ctx, conn, pglock.WithMaxConns(maxConns))
 		if err != nil {
 			return nil, err
 		}
 		return &providerLocker{p: p}, nil
 	}},
-	{"tenace-pg-nofence", "tenace/pglock WithoutFencing: the lock alone, no commit", func(ctx context.Context, conn string, maxConns int) (Locker, error) {
+	{"tenace-pg-nofence", "tenace/pglock WithoutFencing: the lock alone, no commit", func(ctx context.Context, conn string, maxConns int) (load.Locker, error) {
 		p, err := pglock.New(ctx, conn, pglock.WithMaxConns(maxConns), pglock.WithoutFencing())
 		if err != nil {
 			return nil, err
 		}
 		return &providerLocker{p: p}, nil
 	}},
-	{"pg-hand", "pg_advisory_lock(hashtextextended(key)) on a pooled connection, by hand", func(ctx context.Context, conn string, maxConns int) (Locker, error) {
+	{"pg-hand", "pg_advisory_lock(hashtextextended(key)) on a pooled connection, by hand", func(ctx context.Context, conn string, maxConns int) (load.Locker, error) {
 		cfg, err := pgxpool.ParseConfig(conn)
 		if err != nil {
 			return nil, err
@@ -69,17 +69,18 @@ func (h *handPG) Do(ctx context.Context, key string, fn func(context.Context) er
 func (h *handPG) TakesContext() bool { return true }
 func (h *handPG) Close()             { h.pool.Close() }
 
-// makePostgresLocker connects the named PostgreSQL peer to conn, with
-// enough connections for every goroutine of a cell to hold or wait.
-func makePostgresLocker(name, conn string, goroutines int) (Locker, bool, error) {
+// postgresFamily is the PostgreSQL implementations on one server:
+// -postgres CONNSTRING, or a throwaway cluster run as the postgres user.
+// Each gets a pool with room for every goroutine of its cell to hold or
+// wait.
+func postgresFamily() *load.Family {
+	f := &load.Family{Name: "postgres", Base: "tenace-pg", Scenarios: "distinct,hot", Goroutines: "1,8",
+		AddrFlag: "postgres", AddrUsage: "PostgreSQL connection string for -providers postgres (default: a throwaway cluster)",
+		Start: startPostgres}
 	for _, i := range postgresImpls {
-		if i.name == name {
-			l, err := i.make(context.Background(), conn, max(goroutines, 4))
-			if err != nil {
-				return nil, true, fmt.Errorf("%s: %w", name, err)
-			}
-			return l, true, nil
-		}
+		f.Impls = append(f.Impls, load.Impl{Name: i.name, Desc: i.desc, Make: func(conn string, goroutines, _ int) (load.Locker, error) {
+			return i.make(context.Background(), conn, max(goroutines, 4))
+		}})
 	}
-	return nil, false, nil
+	return f
 }

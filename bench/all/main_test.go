@@ -1,0 +1,35 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"tenace.dev/bench/internal/load"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type captured struct {
+	code   int
+	stdout string
+}
+
+// runCapture runs the tool with args and returns its exit code, stdout and
+// stderr; results go to a throwaway directory unless args name one.
+func runCapture(t *testing.T, args []string) (captured, string) {
+	t.Helper()
+	var stdout, stderr strings.Builder
+	code := load.Run(append([]string{"-out", t.TempDir()}, args...), &stdout, &stderr)
+	return captured{code, stdout.String()}, stderr.String()
+}
+
+// etcd is named in the light command's hint, but its family is not
+// registered yet: the full tool says so instead of pointing to itself.
+func TestAFamilyNotRegisteredYetSaysSo(t *testing.T) {
+	out, errOut := runCapture(t, []string{"-providers", "etcd"})
+	require.Equal(t, 2, out.code)
+	require.Contains(t, errOut, "no etcd family is registered in this tool yet")
+}
