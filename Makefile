@@ -44,7 +44,7 @@ run:
 
 ## bench: every benchmark, with allocations
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./tenace/ ./bench/
+	$(GO) test -run '^$$' -bench . -benchmem ./tenace/ ./bench/ ./bench/all/
 
 ## bench-quick: the named subset for before/after comparisons with benchstat (< 5 min)
 bench-quick:
