@@ -68,8 +68,12 @@ const maxFenceToken = 1 << 53
 // is not safe (both tested with a linearizability checker, the lock key
 // deleted under its holder). The key lives on one server (one hash slot on
 // a Cluster); it must outlive every holder that may still write, since a
-// deleted key admits any token again. One lock (one provider, one key)
-// must guard it: tokens of different locks do not compare. c is a
+// deleted key admits any token again: give it no TTL, and keep it from
+// eviction (a maxmemory-policy of noeviction or volatile-*). A failover
+// that loses the primary's last writes (replication is asynchronous) can
+// lose a raise of the fence with them, as it can lose the data; WAIT after
+// a FencedGet or FencedSet narrows that window. One lock (one provider,
+// one key) must guard it: tokens of different locks do not compare. c is a
 // *redis.Client, a *redis.ClusterClient, or any other redis.Scripter.
 func FencedGet(ctx context.Context, c redis.Scripter, key string, token uint64) (string, error) {
 	v, err := runFence(ctx, c, key, token, "get")
