@@ -8,6 +8,8 @@ go 1.25
 
 require (
 	tenace.dev v0.1.0
+	tenace.dev/tenace/etcdlock v0.1.0
+	tenace.dev/tenace/failsafelock v0.1.0
 	tenace.dev/tenace/oteltenace v0.1.0
 	tenace.dev/tenace/pglock v0.1.0
 	tenace.dev/tenace/redislock v0.1.0
