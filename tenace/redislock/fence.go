@@ -21,8 +21,17 @@ import (
 // than the fence is refused with an error reply starting "STALE"; otherwise
 // the token becomes the fence — on a read too — and "get" returns the value
 // (nil when unset), "set" stores it and returns OK. Tokens are compared as
-// Lua numbers, exact up to 2^53 (redislock's tokens stay below it).
+// Lua numbers, exact up to 2^53 (redislock's tokens stay below it): a
+// larger token, or one that is not plain decimal digits, is an error, as is
+// another operation.
 const FenceLua = `
+local t = ARGV[1]
+if not string.match(t, '^[0-9]+$') or #t > 16 or (#t == 16 and t > '9007199254740992') then
+	return redis.error_reply('ERR the fence script takes a decimal token no greater than 2^53 as ARGV[1], not ' .. t)
+end
+if ARGV[2] ~= 'get' and ARGV[2] ~= 'set' then
+	return redis.error_reply('ERR the fence script takes "get" or "set" as ARGV[2], not ' .. tostring(ARGV[2]))
+end
 local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
 local token = tonumber(ARGV[1])
 if token < fence then
