@@ -87,9 +87,9 @@ func ExampleLeaseFrom() {
 	// Output: writing with a fencing token: true
 }
 
-// TokenFrom reads the fencing token in one call, to pass it with every write
-// to the resource the lock guards (which refuses a token lower than the
-// highest it has seen).
+// TokenFrom reads the fencing token in one call, to pass it with every
+// access, read or write, to the resource the lock guards (which refuses a
+// token lower than the highest it has seen; see FencedLease).
 func ExampleTokenFrom() {
 	provider := tenace.NewMemoryLockProvider()
 	defer provider.Close()
@@ -97,13 +97,13 @@ func ExampleTokenFrom() {
 	for range 2 {
 		_ = p.Execute(context.Background(), func(ctx context.Context) error {
 			token, ok := tenace.TokenFrom(ctx)
-			fmt.Println("write with token", token, ok)
+			fmt.Println("access with token", token, ok)
 			return nil
 		})
 	}
 	// Output:
-	// write with token 1 true
-	// write with token 2 true
+	// access with token 1 true
+	// access with token 2 true
 }
 
 // WithTimeout's error unwraps to context.DeadlineExceeded.

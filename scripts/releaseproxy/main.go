@@ -1,14 +1,22 @@
 // Command releaseproxy writes a file-based Go module proxy (GOPROXY=file://DIR)
 // holding the given modules of this repository at one version, each zipped
-// from the working tree exactly as the Go command would zip it when the
-// version is published (golang.org/x/mod/zip: nested modules, vendor and VCS
-// directories left out, every file checked).
+// as the Go command would zip it when the version is published
+// (golang.org/x/mod/zip: nested modules, vendor and VCS directories left
+// out, every file checked). The files are those git tracks, as a tag
+// publishes only what is committed, with their contents from the working
+// tree, so that a change is checked before it is committed; a file git does
+// not track (a new one not yet added, an ignored one) is left out, and
+// named, so that an adopter's build fails here as it would once published.
+// Outside a git work tree every file of the directory is zipped.
 //
 //	go run ./scripts/releaseproxy -version v0.1.0 -out /tmp/proxy . tenace/redislock
 //
-// Each module directory must hold a LICENSE file, since a nested module's
-// zip does not contain its parent's; releaseproxy fails otherwise. It is the
-// first half of `make release-check`, which then builds and tests an adopter
+// Each module directory must hold a LICENSE file; releaseproxy fails
+// otherwise. A module must have no replace line, and must require every
+// other module it is given at -version: the modules are released together,
+// and one that required another at an older version would, once published,
+// build against that version, not the tree this checks. It is the first
+// half of `make release-check`, which then builds and tests an adopter
 // module outside the workspace against this proxy.
 package main
 
@@ -18,7 +26,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -44,66 +55,194 @@ func main() {
 	if !semver.IsValid(*version) || semver.Canonical(*version) != *version {
 		fatalf("-version %q is not a canonical semantic version such as v0.1.0", *version)
 	}
+	mods := make([]*mod, 0, flag.NArg())
 	for _, dir := range flag.Args() {
-		path, err := publish(dir, *version, *out)
+		m, err := readMod(dir)
 		if err != nil {
 			fatalf("%s: %v", dir, err)
 		}
-		fmt.Printf("releaseproxy: %s@%s from %s\n", path, *version, dir)
+		mods = append(mods, m)
+	}
+	if err := checkRequires(mods, *version); err != nil {
+		fatalf("%v", err)
+	}
+	for _, m := range mods {
+		leftOut, err := publish(m, *version, *out)
+		if err != nil {
+			fatalf("%s: %v", m.dir, err)
+		}
+		fmt.Printf("releaseproxy: %s@%s from %s\n", m.path, *version, m.dir)
+		if len(leftOut) > 0 {
+			const most = 10
+			more := ""
+			if len(leftOut) > most {
+				more = fmt.Sprintf(" and %d more", len(leftOut)-most)
+				leftOut = leftOut[:most]
+			}
+			fmt.Printf("releaseproxy: left out of %s, not tracked by git (git add what the module needs): %s%s\n", m.path, strings.Join(leftOut, ", "), more)
+		}
 	}
 }
 
-// publish writes dir's module at version into the proxy at out and returns
-// the module path.
-func publish(dir, version, out string) (string, error) {
+// mod is one module to publish: its directory, path and go.mod.
+type mod struct {
+	dir, path string
+	gomod     []byte
+	file      *modfile.File
+}
+
+// readMod reads and checks dir's go.mod.
+func readMod(dir string) (*mod, error) {
 	gomod, err := os.ReadFile(filepath.Join(dir, "go.mod"))
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	f, err := modfile.ParseLax("go.mod", gomod, nil)
+	// Parse, not ParseLax: ParseLax drops replace lines, as the Go command
+	// does in a dependency's go.mod, so the check below would never fire.
+	f, err := modfile.Parse("go.mod", gomod, nil)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	if f.Module == nil {
-		return "", errors.New("go.mod has no module line")
+		return nil, errors.New("go.mod has no module line")
 	}
 	path := f.Module.Mod.Path
 	if len(f.Replace) > 0 {
 		// Go ignores a dependency's replace lines: an adopter would build
 		// against something else than this module's tests did.
-		return "", fmt.Errorf("go.mod of %s has replace lines; a published module must not (go.work ties the modules for development)", path)
+		return nil, fmt.Errorf("go.mod of %s has replace lines; a published module must not (go.work ties the modules for development)", path)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "LICENSE")); err != nil {
-		return "", fmt.Errorf("%s has no LICENSE file: a nested module's zip does not contain its parent's, so copy the root LICENSE there", path)
+		return nil, fmt.Errorf("%s has no LICENSE file: copy the root LICENSE there, so that the module's zip carries it", path)
 	}
-	escaped, err := module.EscapePath(path)
+	return &mod{dir: dir, path: path, gomod: gomod, file: f}, nil
+}
+
+// checkRequires fails when one of mods requires another at a version other
+// than version. The proxy holds only version, and the adopter requires
+// every module at version, so that minimal version selection would hide
+// such a line here; published, the module would build against the older
+// version of the other, without what this tree has added to it since.
+func checkRequires(mods []*mod, version string) error {
+	published := make(map[string]bool, len(mods))
+	for _, m := range mods {
+		published[m.path] = true
+	}
+	var wrong []string
+	for _, m := range mods {
+		for _, r := range m.file.Require {
+			if published[r.Mod.Path] && r.Mod.Version != version {
+				wrong = append(wrong, fmt.Sprintf("%s requires %s %s", m.path, r.Mod.Path, r.Mod.Version))
+			}
+		}
+	}
+	if len(wrong) > 0 {
+		return fmt.Errorf("%s, not %s: the modules are released together; change the version in every go.mod, in go.work and in scripts/release-check", strings.Join(wrong, "; "), version)
+	}
+	return nil
+}
+
+// publish writes m at version into the proxy at out, and returns the files
+// of m's directory it left out because git does not track them.
+func publish(m *mod, version, out string) (leftOut []string, err error) {
+	escaped, err := module.EscapePath(m.path)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	vdir := filepath.Join(out, filepath.FromSlash(escaped), "@v")
 	if err := os.MkdirAll(vdir, 0o755); err != nil {
-		return "", err
+		return nil, err
 	}
-	mv := module.Version{Path: path, Version: version}
+	mv := module.Version{Path: m.path, Version: version}
+	files, leftOut, err := trackedFiles(m.dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range leftOut {
+		if p == "go.mod" || p == "LICENSE" {
+			return nil, fmt.Errorf("%s is not tracked by git, so a tag would not publish it: git add it", p)
+		}
+	}
 	var zipped bytes.Buffer
-	if err := modzip.CreateFromDir(&zipped, mv, dir); err != nil {
-		return "", err
+	if files == nil {
+		err = modzip.CreateFromDir(&zipped, mv, m.dir)
+	} else {
+		err = modzip.Create(&zipped, mv, files)
+	}
+	if err != nil {
+		return nil, err
 	}
 	info, _ := json.Marshal(struct {
 		Version string
 		Time    time.Time
 	}{version, time.Now().UTC().Truncate(time.Second)})
-	files := map[string][]byte{
-		version + ".mod":  gomod,
+	proxyFiles := map[string][]byte{
+		version + ".mod":  m.gomod,
 		version + ".zip":  zipped.Bytes(),
 		version + ".info": info,
 	}
-	for name, data := range files {
+	for name, data := range proxyFiles {
 		if err := os.WriteFile(filepath.Join(vdir, name), data, 0o644); err != nil {
-			return "", err
+			return nil, err
 		}
 	}
-	return path, appendLine(filepath.Join(vdir, "list"), version)
+	return leftOut, appendLine(filepath.Join(vdir, "list"), version)
+}
+
+// trackedFiles returns the files of dir that git tracks and that exist in
+// the working tree, for modzip.Create (which leaves out those of nested
+// modules and vendor directories, as CreateFromDir does), and the files
+// CreateFromDir would have zipped that git does not track (slash paths
+// relative to dir). files is nil when dir is not in a git work tree.
+func trackedFiles(dir string) (files []modzip.File, leftOut []string, err error) {
+	if err := exec.Command("git", "-C", dir, "rev-parse", "--is-inside-work-tree").Run(); err != nil {
+		return nil, nil, nil // not in a work tree, or no git: the directory as it is
+	}
+	out, err := exec.Command("git", "-C", dir, "ls-files", "-z", "--", ".").Output()
+	if err != nil {
+		return nil, nil, fmt.Errorf("git ls-files: %w", err)
+	}
+	tracked := make(map[string]bool)
+	for _, p := range strings.Split(string(out), "\x00") {
+		if p == "" {
+			continue
+		}
+		info, err := os.Lstat(filepath.Join(dir, filepath.FromSlash(p)))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // deleted in the working tree, not yet in git
+		} else if err != nil {
+			return nil, nil, err
+		}
+		tracked[p] = true
+		files = append(files, dirFile{root: dir, slash: p, info: info})
+	}
+	if files == nil {
+		files = []modzip.File{} // tracked, but nothing is: not nil
+	}
+	all, _ := modzip.CheckDir(dir) // its error is Create's to report
+	for _, p := range all.Valid {
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return nil, nil, err
+		}
+		// .git: a worktree's link to its repository, a file here.
+		if rel = filepath.ToSlash(rel); !tracked[rel] && rel != ".git" {
+			leftOut = append(leftOut, rel)
+		}
+	}
+	return files, leftOut, nil
+}
+
+// dirFile is a file of the working tree, as modzip.Create reads it.
+type dirFile struct {
+	root, slash string
+	info        fs.FileInfo
+}
+
+func (f dirFile) Path() string                { return f.slash }
+func (f dirFile) Lstat() (fs.FileInfo, error) { return f.info, nil }
+func (f dirFile) Open() (io.ReadCloser, error) {
+	return os.Open(filepath.Join(f.root, filepath.FromSlash(f.slash)))
 }
 
 // appendLine adds version to the proxy's list of versions unless it is there.

@@ -64,6 +64,10 @@ var ErrStaleToken = fmt.Errorf("pglock: stale fencing token, the resource has ad
 // what the one before it committed. That holds at READ COMMITTED, the
 // default; at REPEATABLE READ or SERIALIZABLE, an access that had to wait
 // fails with a serialization error instead (retry it, as such errors ask).
+// A holder that pauses inside a fenced transaction (its lock lost
+// meanwhile) holds up the next holder's Fence until that transaction ends:
+// bound it with idle_in_transaction_session_timeout on the data's
+// sessions, and the wait with lock_timeout or ctx.
 // The table must exist (FenceSchema). resource is any valid UTF-8 text
 // without NUL. A token above the bigint range is refused with an error.
 // Fence takes any provider's tokens, as long as one lock (one provider,

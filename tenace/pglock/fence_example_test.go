@@ -46,8 +46,7 @@ func ExampleFence() {
 	var token uint64
 	p := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: locks, Key: "example/visits"})
 	err = p.Execute(ctx, func(ctx context.Context) error {
-		l, _ := tenace.LeaseFrom(ctx)
-		token = l.(tenace.FencedLease).Token()
+		token, _ = tenace.TokenFrom(ctx)
 		var n int64
 		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { // the read, fenced
 			if err := pglock.Fence(ctx, tx, "visits", token); err != nil {

@@ -21,8 +21,17 @@ import (
 // than the fence is refused with an error reply starting "STALE"; otherwise
 // the token becomes the fence — on a read too — and "get" returns the value
 // (nil when unset), "set" stores it and returns OK. Tokens are compared as
-// Lua numbers, exact up to 2^53 (redislock's tokens stay below it).
+// Lua numbers, exact up to 2^53 (redislock's tokens stay below it): a
+// larger token, or one that is not plain decimal digits, is an error, as is
+// another operation.
 const FenceLua = `
+local t = ARGV[1]
+if not string.match(t, '^[0-9]+$') or #t > 16 or (#t == 16 and t > '9007199254740992') then
+	return redis.error_reply('ERR the fence script takes a decimal token no greater than 2^53 as ARGV[1], not ' .. t)
+end
+if ARGV[2] ~= 'get' and ARGV[2] ~= 'set' then
+	return redis.error_reply('ERR the fence script takes "get" or "set" as ARGV[2], not ' .. tostring(ARGV[2]))
+end
 local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
 local token = tonumber(ARGV[1])
 if token < fence then
@@ -68,8 +77,12 @@ const maxFenceToken = 1 << 53
 // is not safe (both tested with a linearizability checker, the lock key
 // deleted under its holder). The key lives on one server (one hash slot on
 // a Cluster); it must outlive every holder that may still write, since a
-// deleted key admits any token again. One lock (one provider, one key)
-// must guard it: tokens of different locks do not compare. c is a
+// deleted key admits any token again: give it no TTL, and keep it from
+// eviction (a maxmemory-policy of noeviction or volatile-*). A failover
+// that loses the primary's last writes (replication is asynchronous) can
+// lose a raise of the fence with them, as it can lose the data; WAIT after
+// a FencedGet or FencedSet narrows that window. One lock (one provider,
+// one key) must guard it: tokens of different locks do not compare. c is a
 // *redis.Client, a *redis.ClusterClient, or any other redis.Scripter.
 func FencedGet(ctx context.Context, c redis.Scripter, key string, token uint64) (string, error) {
 	v, err := runFence(ctx, c, key, token, "get")

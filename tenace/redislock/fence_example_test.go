@@ -25,8 +25,7 @@ func ExampleFencedGet() {
 
 	p := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: locks, Key: "visits"})
 	_ = p.Execute(context.Background(), func(ctx context.Context) error {
-		l, _ := tenace.LeaseFrom(ctx)
-		token := l.(tenace.FencedLease).Token()
+		token, _ := tenace.TokenFrom(ctx)
 		s, err := redislock.FencedGet(ctx, client, "counters:visits", token)
 		if err != nil && !errors.Is(err, redis.Nil) { // redis.Nil: not set yet, 0
 			return err // wraps redislock.ErrStaleToken if a newer holder has been here

@@ -41,6 +41,15 @@ func TestFencedGetSetAdmitTheHighestTokenAndRefuseLower(t *testing.T) {
 	require.NoError(t, redislock.FencedSet(bg, c, "r", "c", 1<<53-1), "tokens as large as redislock's")
 	require.ErrorIs(t, redislock.FencedSet(bg, c, "r", "d", 1<<53-2), redislock.ErrStaleToken, "compared exactly")
 	require.ErrorContains(t, redislock.FencedSet(bg, c, "r", "d", 1<<53+1), "2^53")
+	// FenceLua run by hand, by a program that does not check what it passes.
+	hand := func(token, op string) error {
+		return c.Eval(bg, redislock.FenceLua, []string{"r"}, token, op, "e").Err()
+	}
+	require.ErrorContains(t, hand(strconv.FormatUint(1<<53, 10), "SET"), `takes "get" or "set"`, "an operation it does not know")
+	require.ErrorContains(t, hand(strconv.FormatUint(1<<53+1, 10), "set"), "no greater than 2^53", "a token that Lua would round to 2^53")
+	require.ErrorContains(t, hand("12345678901234567", "set"), "no greater than 2^53", "17 digits")
+	require.ErrorContains(t, hand("-1", "get"), "decimal token", "not digits")
+	require.ErrorContains(t, hand("", "get"), "decimal token", "empty")
 	got, err := c.HGetAll(bg, "r").Result()
 	require.NoError(t, err)
 	require.Equal(t, map[string]string{"value": "c", "fence": strconv.FormatUint(1<<53-1, 10)}, got, "refused calls changed nothing")
