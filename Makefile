@@ -19,6 +19,9 @@ test: servers test-race test-allocs test-verify release-check
 servers:
 	@./scripts/servers install
 
+# Under make -j, nothing tests before the servers are installed.
+test-race test-allocs test-verify release-check: servers
+
 ## test-race: every test of every module under the race detector; the distributed
 ## providers' packages one at a time (their fault tests stall servers and run CPU
 ## burners, and measure timing bounds that another package's burners would skew)

@@ -70,7 +70,7 @@ func Start(tb testing.TB) *Cluster { tb.Helper(); return StartN(tb, 1) }
 
 // ErrNotInstalled is returned by New when etcd is not installed (see
 // Require).
-var ErrNotInstalled = errors.New("etcd is not installed: apt-get install etcd-server (make test installs it when run as root)")
+var ErrNotInstalled = errors.New("etcd is not installed: scripts/servers check prints the install command for this system (make test installs it when run as root with apt-get)")
 
 // Require skips tb when err is ErrNotInstalled (fails it when the CI
 // environment variable is set: CI must not skip the etcd tests), and fails

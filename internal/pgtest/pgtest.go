@@ -67,7 +67,7 @@ type Server struct {
 }
 
 // ErrNotInstalled is returned by New when no PostgreSQL binaries are found.
-var ErrNotInstalled = errors.New("PostgreSQL is not installed: apt-get install postgresql (make test installs it when run as root)")
+var ErrNotInstalled = errors.New("PostgreSQL is not installed: scripts/servers check prints the install command for this system (make test installs it when run as root with apt-get)")
 
 // Start creates and starts a server for tb and registers its removal with
 // tb.Cleanup. Without PostgreSQL it skips tb, or fails it when CI is set.

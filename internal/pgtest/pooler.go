@@ -35,7 +35,7 @@ func StartPooler(tb testing.TB, s *Server, mode string) *Pooler {
 	bin, err := exec.LookPath("pgbouncer")
 	if err != nil {
 		if bin, err = exec.LookPath("/usr/sbin/pgbouncer"); err != nil {
-			Require(tb, fmt.Errorf("%w: pgbouncer is missing (apt-get install pgbouncer)", ErrNotInstalled))
+			Require(tb, fmt.Errorf("%w: pgbouncer is missing (scripts/servers check prints the install command for this system)", ErrNotInstalled))
 		}
 	}
 	dir, err := os.MkdirTemp(s.dir, "pgbouncer-"+mode+"-")

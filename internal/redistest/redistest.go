@@ -83,7 +83,7 @@ func startWith(tb testing.TB, set func(*Server)) *Server {
 	tb.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		const msg = "redis-server is not installed: apt-get install redis-server (make test installs it when run as root)"
+		const msg = "redis-server is not installed: scripts/servers check prints the install command for this system (make test installs it when run as root with apt-get)"
 		if os.Getenv("CI") != "" {
 			tb.Fatal(msg + "; CI must not skip the Redis tests")
 		}
