@@ -43,7 +43,13 @@ import (
 //     holds, whichever is more — fewer than 64 once nothing is held.
 //
 // Locks are not reentrant: an Acquire of a key the caller already holds
-// waits for the caller itself, until its timeout, or forever without one.
+// waits for the caller itself, until its timeout, or forever without one
+// (a Lock step sees it coming and returns a *DeadlockError instead).
+//
+// Sets of keys (AcquireSet, AcquireAll, LockOptions.Keys) are granted all
+// or none, deadlock-free: each key is acquired from its shard in sorted
+// order, under one timer for the whole set, and a give-up releases the keys
+// granted so far before it returns.
 //
 // A MemoryLockProvider is safe for concurrent use. Create it with
 // NewMemoryLockProvider and Close it when done; or share the process-wide
@@ -56,8 +62,9 @@ type MemoryLockProvider struct {
 }
 
 var (
-	_ LockProvider  = (*MemoryLockProvider)(nil)
-	_ StatsProvider = (*MemoryLockProvider)(nil)
+	_ LockProvider      = (*MemoryLockProvider)(nil)
+	_ MultiLockProvider = (*MemoryLockProvider)(nil)
+	_ StatsProvider     = (*MemoryLockProvider)(nil)
 )
 
 // MemoryOption configures NewMemoryLockProvider.
@@ -244,6 +251,51 @@ func (p *MemoryLockProvider) wait(ctx context.Context, key string, timeout <-cha
 		return nil, nil
 	}
 	return (*memoryLease)(out.Grant()), nil
+}
+
+// AcquireSet acquires every key of keys, all or none (MultiLockProvider;
+// AcquireAll and a Lock with LockOptions.Keys call it): one key at a time,
+// each from its shard as Acquire does, in sorted order (see
+// shard.Group.AcquireAll), with one timer for the whole set. It returns
+// what Acquire returns, for the set; whenever it returns no lease, none of
+// the keys is held, and each is left as if the call had never been made.
+// The lease's keys are in sorted order, each with its own fencing token.
+func (p *MemoryLockProvider) AcquireSet(ctx context.Context, keys []string, opts LockAcquireOptions) (*SetLease, error) {
+	if err := ValidateKeys(keys); err != nil {
+		return nil, err
+	}
+	if (opts.Timeout < 0 && opts.Timeout != NoWait) || opts.TTL < 0 || ctx == nil || p == nil || p.group == nil || p.closed.Load() {
+		return nil, p.refuse(ctx, keys[0], &opts)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	mode := shard.Wait
+	var timeout <-chan time.Time
+	switch {
+	case opts.Timeout == NoWait:
+		mode = shard.Try
+	case opts.Timeout > 0 && policy.IsSystemClock(opts.Clock):
+		t := p.startTimer(opts.Timeout)
+		defer p.stopTimer(t)
+		timeout = t.C
+	case opts.Timeout > 0:
+		ch := make(chan time.Time, 1) // one fire, never blocks the clock
+		defer opts.Clock.AfterFunc(opts.Timeout, func() { ch <- time.Time{} })()
+		timeout = ch
+	}
+	order, grants, err := p.group.AcquireAll(ctx, keys, mode, timeout)
+	if err == shard.ErrStopped {
+		return nil, ErrProviderClosed
+	}
+	if err != nil || grants == nil {
+		return nil, err
+	}
+	leases := make([]LockLease, len(grants))
+	for i, g := range grants {
+		leases[i] = (*memoryLease)(g)
+	}
+	return NewSetLease(order, leases), nil
 }
 
 // startTimer returns a running timer from the pool. Pooling is safe since
