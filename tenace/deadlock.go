@@ -1,7 +1,6 @@
 package tenace
 
 import (
-	"context"
 	"reflect"
 	"slices"
 	"strings"
@@ -10,11 +9,21 @@ import (
 )
 
 // DeadlockError is returned, as *DeadlockError, by a Lock that would wait
-// forever: its execution already holds the key it asks for (a nested Lock
-// step on the same key and provider, a retry inside the lock). Locks are
-// not reentrant, so the wait could only end at its Timeout; the Lock
-// answers at once instead, without asking the provider, and fn does not
-// run. Give nested locks distinct keys.
+// forever, and fn does not run:
+//   - its execution already holds the key it asks for (a nested Lock step
+//     on the same key and provider, a retry inside the lock). Locks are not
+//     reentrant, so the wait could only end at its Timeout; the Lock answers
+//     at once instead, on every provider, without asking the provider. Give
+//     nested locks distinct keys.
+//   - on a MemoryLockProvider, its wait closes a cycle of waits between
+//     executions of the process (A holds k1 and waits for k2 while B holds
+//     k2 and waits for k1; any number of keys, sets and shards): the wait
+//     that closes the cycle is failed as it begins, and the others go on
+//     once its execution releases what it holds. Cycle names the keys. Only
+//     a Lock whose execution holds a key of the provider while it asks for
+//     another takes part (see deadlock_cycle.go); a caller that holds
+//     nothing pays nothing. Take keys in one order, or as one set
+//     (LockOptions.Keys), and no cycle forms.
 //
 // The execution is the context a Lock gives its inner steps and every
 // context derived from it: a goroutine started inside fn with fn's context
@@ -48,10 +57,10 @@ type heldKey struct{}
 
 // reentered returns the DeadlockError of a Lock that asks provider for key
 // (keys, for a set) inside an execution that already holds one of them, or
-// nil. It walks the Locks that enclose ctx: none, and it costs one
-// ctx.Value.
-func reentered(ctx context.Context, provider LockProvider, key string, keys []string) *DeadlockError {
-	for h, _ := ctx.Value(heldKey{}).(*heldCtx); h != nil; h, _ = h.Context.Value(heldKey{}).(*heldCtx) {
+// nil. It walks the Locks that enclose it: h, the nearest, and those
+// around h.
+func (h *heldCtx) reentered(provider LockProvider, key string, keys []string) *DeadlockError {
+	for ; h != nil; h, _ = h.Context.Value(heldKey{}).(*heldCtx) {
 		if !sameProvider(h.provider, provider) {
 			continue
 		}
@@ -64,10 +73,7 @@ func reentered(ctx context.Context, provider LockProvider, key string, keys []st
 
 // holds reports whether h holds key (or one of keys, for a set), and which.
 func (h *heldCtx) holds(key string, keys []string) (string, bool) {
-	mine := []string{h.key}
-	if s, ok := h.lease.(*SetLease); ok {
-		mine = s.Keys()
-	}
+	mine := h.heldKeys()
 	if keys == nil {
 		return key, slices.Contains(mine, key)
 	}
@@ -77,6 +83,14 @@ func (h *heldCtx) holds(key string, keys []string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// heldKeys returns the keys h holds: its key, or its set's.
+func (h *heldCtx) heldKeys() []string {
+	if s, ok := h.lease.(*SetLease); ok {
+		return s.Keys()
+	}
+	return []string{h.key}
 }
 
 // sameProvider reports whether a and b are the same provider. Providers are

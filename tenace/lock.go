@@ -85,7 +85,9 @@ type LockOptions struct {
 // locking the same execution key, a retry inside the lock — would wait for
 // itself forever: it gets a *DeadlockError at once instead, without a round
 // trip to the provider, after EventLockAcquiring, with EventLockRejected
-// (whose Err is the *DeadlockError). Give nested locks distinct keys.
+// (whose Err is the *DeadlockError). Give nested locks distinct keys. On a
+// MemoryLockProvider, a wait that would close a cycle between executions
+// of the process gets a *DeadlockError naming the cycle the same way.
 //
 // A Lock is safe for concurrent use; one Lock can serve any number of calls
 // and policies.
@@ -195,19 +197,33 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 		start = opts.Clock.Now()
 		emitAcquiring(ctx, x, key, start)
 	}
-	if d := reentered(ctx, provider, key, keys); d != nil {
-		if observed {
-			emitWaitEnd(ctx, x, EventLockRejected, key, start, d)
+	// The keys the execution holds, from the enclosing Locks: none, and
+	// this is the one ctx.Value a Lock makes before it acquires.
+	outer, _ := ctx.Value(heldKey{}).(*heldCtx)
+	actx, watch := ctx, cycleWatch{}
+	if outer != nil {
+		if d := outer.reentered(provider, key, keys); d != nil {
+			if observed {
+				emitWaitEnd(ctx, x, EventLockRejected, key, start, d)
+			}
+			return d
 		}
-		return d
+		actx, watch = watchCycles(ctx, outer, provider, key, keys)
 	}
 	var held *heldCtx
 	var lease LockLease
 	var err error
 	if observed {
-		lease, err = acquireObserved(ctx, x, provider, key, keys, opts, start)
+		lease, err = acquireObserved(ctx, actx, x, provider, key, keys, opts, start)
 	} else {
-		lease, err = acquire(ctx, provider, key, keys, opts)
+		lease, err = acquire(actx, provider, key, keys, opts)
+	}
+	if d := watch.leave(actx); d != nil && lease == nil && ctx.Err() == nil {
+		// The detector ended this wait to break a cycle.
+		if observed {
+			emitWaitEnd(ctx, x, EventLockRejected, key, start, d)
+		}
+		return d
 	}
 	if lease != nil {
 		held = &heldCtx{Context: ctx, lease: lease, provider: provider, key: key}
@@ -378,14 +394,16 @@ var errProviderPanicked = errors.New("tenace: the lock provider's Acquire panick
 // panics, the wait every listener has seen begin ends with EventLockFailed
 // (errProviderPanicked) as the panic goes on up, so that a listener pairing
 // the events (a gauge of waiters) stays balanced.
-func acquireObserved(ctx context.Context, x policy.Execution, provider LockProvider, key string, keys []string, opts LockAcquireOptions, start time.Time) (LockLease, error) {
+// actx is the context to acquire with (ctx, or one the cycle detector can
+// end).
+func acquireObserved(ctx, actx context.Context, x policy.Execution, provider LockProvider, key string, keys []string, opts LockAcquireOptions, start time.Time) (LockLease, error) {
 	returned := false
 	defer func() {
 		if !returned {
 			emitWaitEnd(ctx, x, EventLockFailed, key, start, errProviderPanicked)
 		}
 	}()
-	lease, err := acquire(ctx, provider, key, keys, opts)
+	lease, err := acquire(actx, provider, key, keys, opts)
 	returned = true
 	return lease, err
 }

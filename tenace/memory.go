@@ -44,7 +44,11 @@ import (
 //
 // Locks are not reentrant: an Acquire of a key the caller already holds
 // waits for the caller itself, until its timeout, or forever without one
-// (a Lock step sees it coming and returns a *DeadlockError instead).
+// (a Lock step sees it coming and returns a *DeadlockError instead). A
+// Lock that waits while its execution holds keys of the provider tells the
+// provider's cycle detector, one goroutine beside the shards, which fails
+// the wait that would close a cycle with a *DeadlockError (see
+// DeadlockError).
 //
 // Sets of keys (AcquireSet, AcquireAll, LockOptions.Keys) are granted all
 // or none, deadlock-free: each key is acquired from its shard in sorted
@@ -56,6 +60,7 @@ import (
 // DefaultLockProvider(). Its zero value is not usable: its methods panic.
 type MemoryLockProvider struct {
 	group     *shard.Group
+	cycles    *cycleDetector // the wait-for graph of holding waiters (see deadlock_cycle.go)
 	closed    atomic.Bool
 	isDefault bool
 	timers    sync.Pool // *time.Timer, stopped; per provider, like the shard's waiters
@@ -117,11 +122,14 @@ func NewMemoryLockProvider(opts ...MemoryOption) *MemoryLockProvider {
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
-	return &MemoryLockProvider{group: shard.NewGroup(shard.Options{
-		Shards:   cfg.shards,
-		OnQueued: cfg.onQueued,
-		Go:       cfg.spawn,
-	})}
+	return &MemoryLockProvider{
+		group: shard.NewGroup(shard.Options{
+			Shards:   cfg.shards,
+			OnQueued: cfg.onQueued,
+			Go:       cfg.spawn,
+		}),
+		cycles: newCycleDetector(cfg.spawn),
+	}
 }
 
 var defaultProvider = sync.OnceValue(func() *MemoryLockProvider {
@@ -375,6 +383,7 @@ func (p *MemoryLockProvider) Close() error {
 	}
 	p.closed.Store(true)
 	p.group.Stop() // every call waits for the shards to exit, not only the first
+	p.cycles.stop()
 	return nil
 }
 
