@@ -117,6 +117,8 @@ func TestDeadlockNoCycle(t *testing.T) {
 		require.NoError(t, <-errc)
 		// A waiter cancelled while it waits leaves the graph: the same
 		// shape again is still no cycle.
+		held, err = p.Acquire(context.Background(), "k2", tenace.LockAcquireOptions{})
+		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(context.Background())
 		errc2 := make(chan error, 1)
 		go func() {
@@ -124,8 +126,6 @@ func TestDeadlockNoCycle(t *testing.T) {
 				return tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k2"}).Execute(ctx, func(context.Context) error { return nil })
 			})
 		}()
-		held, err = p.Acquire(context.Background(), "k2", tenace.LockAcquireOptions{})
-		require.NoError(t, err)
 		synctest.Wait()
 		cancel()
 		require.True(t, errors.Is(<-errc2, context.Canceled))

@@ -3,8 +3,10 @@ package tenace
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"tenace.dev/tenace/internal/keyfmt"
@@ -42,10 +44,11 @@ type MultiLockProvider interface {
 // that are never lost (MemoryLockProvider's) Lost returns nil, a channel
 // that is never closed.
 type SetLease struct {
-	keys   []string
-	leases []LockLease
-	lost   LeaseSignal
-	stop   chan struct{} // closed by the first Release; nil without losable parts
+	keys    []string
+	leases  []LockLease
+	lost    LeaseSignal
+	stop    chan struct{} // closed by the first Release; nil without losable parts
+	stopped atomic.Bool   // the first Release has closed stop (used once, never looped on)
 }
 
 var _ LosableLease = (*SetLease)(nil)
@@ -90,12 +93,8 @@ func (s *SetLease) Leases() []LockLease { return s.leases }
 // returns the errors of the releases that failed, joined. A second call
 // does what a second Release of each lease does: nothing.
 func (s *SetLease) Release(ctx context.Context) error {
-	if s.stop != nil {
-		select {
-		case <-s.stop:
-		default:
-			close(s.stop)
-		}
+	if s.stop != nil && s.stopped.CompareAndSwap(false, true) {
+		close(s.stop) // once, also when two Releases run at once
 	}
 	return releaseAll(ctx, s.leases)
 }
@@ -131,12 +130,24 @@ func ValidateKeys(keys []string) error {
 	if len(keys) == 0 {
 		return ErrMissingKey
 	}
+	if slices.Contains(keys, "") {
+		return ErrMissingKey
+	}
+	// A map only for large sets: for a few keys, comparing each with those
+	// before it is cheaper than hashing them.
+	var seen map[string]bool
+	if len(keys) > 16 {
+		seen = make(map[string]bool, len(keys))
+	}
 	for i, k := range keys {
-		if k == "" {
-			return ErrMissingKey
+		dup := false
+		if seen != nil {
+			dup, seen[k] = seen[k], true
+		} else {
+			dup = slices.Contains(keys[:i], k)
 		}
-		if slices.Contains(keys[:i], k) {
-			return invalidOption("the set of keys", keys, "name each key once: "+keyfmt.Quote(k)+" is named twice")
+		if dup {
+			return fmt.Errorf("%w: the set of keys names %s twice; name each key once", ErrInvalidOption, keyfmt.Quote(k))
 		}
 	}
 	return nil

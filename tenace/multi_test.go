@@ -40,7 +40,7 @@ func TestAcquireAllBadInput(t *testing.T) {
 			}
 			l, err := tenace.AcquireAll(ctx, p, []string{"a", "b", "a"}, tenace.LockAcquireOptions{})
 			require.ErrorIs(t, err, tenace.ErrInvalidOption)
-			require.ErrorContains(t, err, `"a" is named twice`)
+			require.ErrorContains(t, err, `names "a" twice`)
 			require.Nil(t, l)
 			_, err = tenace.AcquireAll(ctx, p, []string{"a"}, tenace.LockAcquireOptions{Timeout: -2})
 			require.ErrorIs(t, err, tenace.ErrInvalidOption)

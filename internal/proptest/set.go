@@ -102,10 +102,16 @@ func (m *setMachine) holder(key string) *scall {
 }
 
 func (m *setMachine) Acquire(rt *rapid.T) {
-	m.calls++
 	n := rapid.IntRange(1, min(3, len(m.keys))).Draw(rt, "set size")
 	keys := rapid.Permutation(m.keys).Draw(rt, "keys")[:n]
-	c := &scall{id: m.calls, keys: keys, kind: callKind(rapid.IntRange(0, 3).Draw(rt, "kind"))}
+	m.launch(rt, keys, callKind(rapid.IntRange(0, 3).Draw(rt, "kind")))
+}
+
+// launch starts an AcquireAll of keys and settles: a set of free keys,
+// with nobody waiting, is granted at once; a NoWait set returns at once.
+func (m *setMachine) launch(rt *rapid.T, keys []string, kind callKind) *scall {
+	m.calls++
+	c := &scall{id: m.calls, keys: keys, kind: kind}
 	ctx := context.Background()
 	var opts tenace.LockAcquireOptions
 	switch c.kind {
@@ -135,6 +141,63 @@ func (m *setMachine) Acquire(rt *rapid.T) {
 			require.True(rt, slices.ContainsFunc(keys, func(k string) bool { return m.holder(k) != nil }) || len(m.pending) > 0,
 				"%v: refused though its keys are free and nobody waits", c)
 		}
+	}
+	return c
+}
+
+// GiveUpHoldingPart: with nobody waiting, a set of a free key and a held
+// one that sorts after it (held first by a set of its own if it is free)
+// takes the free key, waits for the held one, and gives up (NoWait, cancel
+// or timeout): it must give the free key back (Check then finds Size
+// exact).
+func (m *setMachine) GiveUpHoldingPart(rt *rapid.T) {
+	if len(m.pending) > 0 {
+		return // a no-op step, not a skip (see providerMachine.heldKey)
+	}
+	var pairs [][2]string
+	for _, f := range m.keys {
+		for _, h := range m.keys {
+			if f < h && m.holder(f) == nil {
+				pairs = append(pairs, [2]string{f, h})
+			}
+		}
+	}
+	if len(pairs) == 0 {
+		return
+	}
+	pair := rapid.SampledFrom(pairs).Draw(rt, "free and held")
+	if m.holder(pair[1]) == nil {
+		m.launch(rt, pair[1:], waitForever) // granted at once: nobody waits
+	}
+	c := m.launch(rt, []string{pair[1], pair[0]}, rapid.SampledFrom([]callKind{noWait, cancellable, withTimeout}).Draw(rt, "give-up"))
+	switch c.kind {
+	case cancellable:
+		m.Cancel(rt)
+	case withTimeout:
+		m.Timeout(rt)
+	}
+	require.NotContains(rt, m.pending, c, "%v gave up", c)
+}
+
+// Crossing: with nothing held, a set holds two keys while two more sets
+// wait for them, naming them in opposite orders; released, the two must
+// each be granted in turn, never waiting for each other forever.
+func (m *setMachine) Crossing(rt *rapid.T) {
+	if len(m.pending) > 0 || len(m.granted) > 0 {
+		return // a no-op step, not a skip (see providerMachine.heldKey)
+	}
+	xy := rapid.Permutation(m.keys).Draw(rt, "crossing keys")[:2]
+	m.launch(rt, xy, waitForever)
+	m.launch(rt, xy, waitForever)
+	m.launch(rt, []string{xy[1], xy[0]}, waitForever)
+	for range 3 {
+		if len(m.granted) != 1 {
+			rt.Fatalf("deadlock: %v wait for %q in opposite orders, and %d sets are granted", m.pending, xy, len(m.granted))
+		}
+		c := m.granted[0]
+		m.granted = m.granted[1:]
+		require.NoError(rt, c.lease.Release(context.Background()))
+		m.settle(rt)
 	}
 }
 
@@ -264,6 +327,8 @@ func SetProperty(rt *rapid.T) {
 		"release": m.Release,
 		"cancel":  m.Cancel,
 		"timeout": m.Timeout,
+		"give-up": m.GiveUpHoldingPart,
+		"cross":   m.Crossing,
 		"":        m.Check,
 	})
 	m.drain(rt)
