@@ -28,6 +28,8 @@ func FuzzProvider(f *testing.F) { f.Fuzz(inBubble(proptest.ProviderProperty)) }
 
 func FuzzPolicy(f *testing.F) { f.Fuzz(inBubble(proptest.PolicyProperty)) }
 
+func FuzzSets(f *testing.F) { f.Fuzz(inBubble(proptest.SetProperty)) }
+
 // TestSmoke is the plain sequential check every mutant must pass (one
 // acquire, one release, through the provider and through a policy), so that
 // it is the fuzz targets that find a mutant, not a crash at start.

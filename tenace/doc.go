@@ -29,6 +29,7 @@
 //
 //	Provider  what hands out the locks        nil: DefaultLockProvider(), shared by all
 //	Key       the lock key                    "": the execution key (WithKey); one is required
+//	Keys      a set of keys, all or none      instead of Key; any order, never a deadlock
 //	Timeout   longest wait for the lock       0: as long as ctx allows; NoWait: try once
 //	TTL       longest hold, for providers     0: the provider's default
 //	          whose locks expire
@@ -36,9 +37,11 @@
 // The default MemoryLockProvider gives one holder per key, in arrival order,
 // within the process. Every Lock without a Provider shares it, so two
 // policies that each WithLock(LockOptions{Key: "reports"}) exclude each
-// other. Locks are not reentrant: a call that waits for a key it already
-// holds, such as a nested policy locking the same execution key, waits until
-// its Timeout, or forever without one. Give nested locks distinct keys.
+// other. Locks are not reentrant: a call that asks for a key its execution
+// already holds, such as a nested policy locking the same execution key,
+// gets a *DeadlockError at once. Give nested locks distinct keys. A set of
+// keys (Keys; AcquireAll for a provider used directly) is granted all or
+// none, in one global order, so sets never deadlock each other.
 //
 // The lock is released when the inner steps return, normally, with an
 // error or by panic, with a context that neither the caller's cancellation
@@ -59,6 +62,7 @@
 //	                                         (also one the provider refuses: event lock.failed)
 //	lock not acquired within its Timeout     *LockNotAcquiredError{Key}; event lock.rejected
 //	                                         (the server answered that another holds it)
+//	the execution already holds the key      *DeadlockError{Key}, at once; event lock.rejected
 //	ctx ends while waiting for the lock      ctx's error; fn does not run, even if the
 //	                                         grant lands at that moment
 //	the provider fails, refuses the          *UnexpectedError wrapping the cause; event

@@ -55,8 +55,10 @@ func ExampleGet() {
 		OnEvent(func(e tenace.Event) { fmt.Println("event:", e.Name, e.Key) })
 
 	n, err := tenace.Get(context.Background(), p, func(ctx context.Context) (int, error) {
-		// While this call holds "stock", another one cannot get in.
-		_, err := tenace.Get(ctx, p, func(context.Context) (int, error) { return 0, nil })
+		// While this call holds "stock", another one cannot get in. (Another
+		// call: with this call's ctx, it would be this execution asking
+		// again, a *DeadlockError.)
+		_, err := tenace.Get(context.Background(), p, func(context.Context) (int, error) { return 0, nil })
 		var nae *tenace.LockNotAcquiredError
 		fmt.Println("nested call rejected:", errors.As(err, &nae))
 		return 42, nil

@@ -15,8 +15,17 @@ type LockOptions struct {
 	// by every Lock without one.
 	Provider LockProvider
 	// Key is the lock key; "" means the execution key (WithKey). One of the
-	// two is required.
+	// two is required, or Keys.
 	Key string
+	// Keys, when not empty, is a set of keys to hold together, granted all
+	// or none (see AcquireAll), instead of Key, which must then be "": an
+	// empty key is ErrMissingKey, a key named twice an error wrapping
+	// ErrInvalidOption. Callers may name the keys in any order: they are
+	// acquired in one global order, so two sets never deadlock. Timeout
+	// bounds the wait for the whole set. Events and errors name the set by
+	// its keys sorted and joined by commas ("a,b"); LeaseFrom returns a
+	// *SetLease, with one fencing token per key.
+	Keys []string
 	// Timeout is the longest time to wait for the lock: 0 waits as long as
 	// the context allows; NoWait tries once. Other negative values are
 	// invalid.
@@ -71,9 +80,14 @@ type LockOptions struct {
 // that returns context.Cause(ctx) when its ctx ends lets the caller tell a
 // loss (errors.Is(err, ErrLeaseLost)) from its own cancellation.
 //
-// Locks are not reentrant. A call that waits for a key it already holds —
-// such as a nested policy locking the same execution key — waits for itself:
-// until its Timeout, or forever without one. Give nested locks distinct keys.
+// Locks are not reentrant. A call that asks for a key its execution already
+// holds through an enclosing Lock on the same provider — a nested policy
+// locking the same execution key, a retry inside the lock — would wait for
+// itself forever: it gets a *DeadlockError at once instead, without a round
+// trip to the provider, after EventLockAcquiring, with EventLockRejected
+// (whose Err is the *DeadlockError). Give nested locks distinct keys. On a
+// MemoryLockProvider, a wait that would close a cycle between executions
+// of the process gets a *DeadlockError naming the cycle the same way.
 //
 // A Lock is safe for concurrent use; one Lock can serve any number of calls
 // and policies.
@@ -109,14 +123,22 @@ func LeaseFrom(ctx context.Context) (LockLease, bool) {
 // lease: the parent context plus the lease, in one allocation, made once the
 // lease is granted. With a MemoryLockProvider, whose leases cost no
 // allocation of their own, a lock step costs that one allocation.
+//
+// It also tells a Lock nested inside it which keys its execution holds
+// (see reentered): the provider and the key, or the *SetLease's keys.
 type heldCtx struct {
 	context.Context
-	lease LockLease
+	lease    LockLease
+	provider LockProvider
+	key      string
 }
 
 func (c *heldCtx) Value(key any) any {
-	if _, ok := key.(leaseKey); ok {
+	switch key.(type) {
+	case leaseKey:
 		return c.lease
+	case heldKey:
+		return c
 	}
 	return c.Context.Value(key)
 }
@@ -128,20 +150,37 @@ func (l *Lock) validate() error {
 	if l.opts.TTL < 0 {
 		return invalidOption("LockOptions.TTL", l.opts.TTL, "use a positive duration, or 0 for the provider's default")
 	}
+	if len(l.opts.Keys) > 0 {
+		if l.opts.Key != "" {
+			return invalidOption("LockOptions.Key", l.opts.Key, "set Key or Keys, not both: put the key in Keys")
+		}
+		return ValidateKeys(l.opts.Keys)
+	}
 	return nil
 }
 
 // Run implements policy.Strategy.
 func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) error {
-	key := l.opts.Key
-	if key == "" {
+	key, keys := l.opts.Key, l.opts.Keys
+	if len(keys) == 0 {
+		keys = nil // an empty set is no set: Key, or the execution key
+	}
+	switch {
+	case len(keys) > 0:
+		if err := l.validate(); err != nil {
+			return err
+		}
+		key = setName(keys)
+	case key == "":
 		key = x.Key()
 	}
 	if key == "" {
 		return ErrMissingKey
 	}
-	if err := l.validate(); err != nil {
-		return err
+	if keys == nil {
+		if err := l.validate(); err != nil {
+			return err
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -159,16 +198,36 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 		start = opts.Clock.Now()
 		emitAcquiring(ctx, x, key, start)
 	}
+	// The keys the execution holds, from the enclosing Locks: none, and
+	// this is the one ctx.Value a Lock makes before it acquires.
+	outer, _ := ctx.Value(heldKey{}).(*heldCtx)
+	actx, watch := ctx, cycleWatch{}
+	if outer != nil {
+		if d := outer.reentered(provider, key, keys); d != nil {
+			if observed {
+				emitWaitEnd(ctx, x, EventLockRejected, key, start, d)
+			}
+			return d
+		}
+		actx, watch = watchCycles(ctx, outer, provider, key, keys)
+	}
 	var held *heldCtx
 	var lease LockLease
 	var err error
 	if observed {
-		lease, err = acquireObserved(ctx, x, provider, key, opts, start)
+		lease, err = acquireObserved(ctx, actx, x, provider, key, keys, opts, start)
 	} else {
-		lease, err = provider.Acquire(ctx, key, opts)
+		lease, err = acquire(actx, provider, key, keys, opts)
+	}
+	if d := watch.leave(actx); d != nil && lease == nil && ctx.Err() == nil {
+		// The detector ended this wait to break a cycle.
+		if observed {
+			emitWaitEnd(ctx, x, EventLockRejected, key, start, d)
+		}
+		return d
 	}
 	if lease != nil {
-		held = &heldCtx{Context: ctx, lease: lease}
+		held = &heldCtx{Context: ctx, lease: lease, provider: provider, key: key}
 	}
 	if err != nil {
 		if lease != nil {
@@ -226,7 +285,7 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	if observed {
 		x.Emit(Event{Name: EventLockAcquired, Key: key, Context: ctx, Wait: granted.Sub(start), Token: tokenOf(held.lease)})
 	}
-	if l, ok := held.lease.(LosableLease); ok {
+	if l, ok := held.lease.(LosableLease); ok && l.Lost() != nil {
 		return runWatched(ctx, held, x, key, l, granted, next)
 	}
 	return next.Run(held)
@@ -336,16 +395,30 @@ var errProviderPanicked = errors.New("tenace: the lock provider's Acquire panick
 // panics, the wait every listener has seen begin ends with EventLockFailed
 // (errProviderPanicked) as the panic goes on up, so that a listener pairing
 // the events (a gauge of waiters) stays balanced.
-func acquireObserved(ctx context.Context, x policy.Execution, provider LockProvider, key string, opts LockAcquireOptions, start time.Time) (LockLease, error) {
+// actx is the context to acquire with (ctx, or one the cycle detector can
+// end).
+func acquireObserved(ctx, actx context.Context, x policy.Execution, provider LockProvider, key string, keys []string, opts LockAcquireOptions, start time.Time) (LockLease, error) {
 	returned := false
 	defer func() {
 		if !returned {
 			emitWaitEnd(ctx, x, EventLockFailed, key, start, errProviderPanicked)
 		}
 	}()
-	lease, err := provider.Acquire(ctx, key, opts)
+	lease, err := acquire(actx, provider, key, keys, opts)
 	returned = true
 	return lease, err
+}
+
+// acquire asks provider for key, or for the set keys when not nil.
+func acquire(ctx context.Context, provider LockProvider, key string, keys []string, opts LockAcquireOptions) (LockLease, error) {
+	if keys == nil {
+		return provider.Acquire(ctx, key, opts)
+	}
+	set, err := AcquireAll(ctx, provider, keys, opts)
+	if set == nil {
+		return nil, err // not a nil *SetLease in a non-nil LockLease
+	}
+	return set, err
 }
 
 // emitWaitEnd emits name, an event that ends the wait begun at start.

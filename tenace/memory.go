@@ -43,21 +43,33 @@ import (
 //     holds, whichever is more — fewer than 64 once nothing is held.
 //
 // Locks are not reentrant: an Acquire of a key the caller already holds
-// waits for the caller itself, until its timeout, or forever without one.
+// waits for the caller itself, until its timeout, or forever without one
+// (a Lock step sees it coming and returns a *DeadlockError instead). A
+// Lock that waits while its execution holds keys of the provider tells the
+// provider's cycle detector, one goroutine beside the shards, which fails
+// the wait that would close a cycle with a *DeadlockError (see
+// DeadlockError).
+//
+// Sets of keys (AcquireSet, AcquireAll, LockOptions.Keys) are granted all
+// or none, deadlock-free: each key is acquired from its shard in sorted
+// order, under one timer for the whole set, and a give-up releases the keys
+// granted so far before it returns.
 //
 // A MemoryLockProvider is safe for concurrent use. Create it with
 // NewMemoryLockProvider and Close it when done; or share the process-wide
 // DefaultLockProvider(). Its zero value is not usable: its methods panic.
 type MemoryLockProvider struct {
 	group     *shard.Group
+	cycles    *cycleDetector // the wait-for graph of holding waiters (see deadlock_cycle.go)
 	closed    atomic.Bool
 	isDefault bool
 	timers    sync.Pool // *time.Timer, stopped; per provider, like the shard's waiters
 }
 
 var (
-	_ LockProvider  = (*MemoryLockProvider)(nil)
-	_ StatsProvider = (*MemoryLockProvider)(nil)
+	_ LockProvider      = (*MemoryLockProvider)(nil)
+	_ MultiLockProvider = (*MemoryLockProvider)(nil)
+	_ StatsProvider     = (*MemoryLockProvider)(nil)
 )
 
 // MemoryOption configures NewMemoryLockProvider.
@@ -110,11 +122,14 @@ func NewMemoryLockProvider(opts ...MemoryOption) *MemoryLockProvider {
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
-	return &MemoryLockProvider{group: shard.NewGroup(shard.Options{
-		Shards:   cfg.shards,
-		OnQueued: cfg.onQueued,
-		Go:       cfg.spawn,
-	})}
+	return &MemoryLockProvider{
+		group: shard.NewGroup(shard.Options{
+			Shards:   cfg.shards,
+			OnQueued: cfg.onQueued,
+			Go:       cfg.spawn,
+		}),
+		cycles: newCycleDetector(cfg.spawn),
+	}
 }
 
 var defaultProvider = sync.OnceValue(func() *MemoryLockProvider {
@@ -246,6 +261,51 @@ func (p *MemoryLockProvider) wait(ctx context.Context, key string, timeout <-cha
 	return (*memoryLease)(out.Grant()), nil
 }
 
+// AcquireSet acquires every key of keys, all or none (MultiLockProvider;
+// AcquireAll and a Lock with LockOptions.Keys call it): one key at a time,
+// each from its shard as Acquire does, in sorted order (see
+// shard.Group.AcquireAll), with one timer for the whole set. It returns
+// what Acquire returns, for the set; whenever it returns no lease, none of
+// the keys is held, and each is left as if the call had never been made.
+// The lease's keys are in sorted order, each with its own fencing token.
+func (p *MemoryLockProvider) AcquireSet(ctx context.Context, keys []string, opts LockAcquireOptions) (*SetLease, error) {
+	if err := ValidateKeys(keys); err != nil {
+		return nil, err
+	}
+	if (opts.Timeout < 0 && opts.Timeout != NoWait) || opts.TTL < 0 || ctx == nil || p == nil || p.group == nil || p.closed.Load() {
+		return nil, p.refuse(ctx, keys[0], &opts)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	mode := shard.Wait
+	var timeout <-chan time.Time
+	switch {
+	case opts.Timeout == NoWait:
+		mode = shard.Try
+	case opts.Timeout > 0 && clock.IsSystem(opts.Clock):
+		t := p.startTimer(opts.Timeout)
+		defer p.stopTimer(t)
+		timeout = t.C
+	case opts.Timeout > 0:
+		ch := make(chan time.Time, 1) // one fire, never blocks the clock
+		defer opts.Clock.AfterFunc(opts.Timeout, func() { ch <- time.Time{} })()
+		timeout = ch
+	}
+	order, grants, err := p.group.AcquireAll(ctx, keys, mode, timeout)
+	if err == shard.ErrStopped {
+		return nil, ErrProviderClosed
+	}
+	if err != nil || grants == nil {
+		return nil, err
+	}
+	leases := make([]LockLease, len(grants))
+	for i, g := range grants {
+		leases[i] = (*memoryLease)(g)
+	}
+	return NewSetLease(order, leases), nil
+}
+
 // startTimer returns a running timer from the pool. Pooling is safe since
 // Go 1.23's timers (go.mod says 1.25): after Stop, no stale tick is ever
 // received from C (and stopTimer pools only timers whose Stop reported true).
@@ -323,6 +383,7 @@ func (p *MemoryLockProvider) Close() error {
 	}
 	p.closed.Store(true)
 	p.group.Stop() // every call waits for the shards to exit, not only the first
+	p.cycles.stop()
 	return nil
 }
 

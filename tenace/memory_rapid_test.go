@@ -20,3 +20,13 @@ func TestProviderConcurrentProperty(t *testing.T) {
 		rapid.Check(proptest.BubbleTB{T: t}, proptest.ProviderProperty)
 	})
 }
+
+// TestSetProperty: sets of keys named in random orders, acquired, held,
+// released, timed out and cancelled by goroutines drawn by rapid: mutual
+// exclusion, all or nothing, no deadlock, nothing left held (see
+// proptest.SetProperty), on fake time in one synctest bubble.
+func TestSetProperty(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rapid.Check(proptest.BubbleTB{T: t}, proptest.SetProperty)
+	})
+}

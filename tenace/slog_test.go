@@ -157,7 +157,8 @@ func ExampleLogEvents() {
 		WithLock(tenace.LockOptions{Provider: provider, Key: "reports", Timeout: tenace.NoWait}).
 		OnEvent(tenace.LogEvents(logger))
 	err := p.Execute(context.Background(), func(ctx context.Context) error {
-		return p.Execute(ctx, func(context.Context) error { return nil }) // "reports" is held: rejected
+		// Another call (a ctx of its own): "reports" is held, so it is rejected.
+		return p.Execute(context.Background(), func(context.Context) error { return nil })
 	})
 	fmt.Println(err != nil)
 	// Output:

@@ -14,7 +14,10 @@
 // granted in time, NoWait, ctx ended on entry and while waiting, bad input),
 // mutual exclusion under contention, that nothing is left held after
 // timeouts and cancels, a cancel racing a grant, Release idempotent and
-// retryable, a Policy's Lock step on the provider; and, where the
+// retryable, a Policy's Lock step on the provider, sets of keys through
+// tenace.AcquireAll (bad input, all or nothing, exclusion between sets named
+// in opposite orders, which must never deadlock: through the provider's
+// AcquireSet, or the generic path for a provider without one); and, where the
 // Capabilities say the provider promises them, FIFO, exact statistics,
 // fencing tokens, TTL, the lost-lease signal, Close, and locks shared by
 // provider values on one server.
@@ -128,6 +131,9 @@ func Run(t *testing.T, newProvider func(t *testing.T) tenace.LockProvider, caps 
 		{"CancelRacingGrant", s.cancelRacingGrant, true},
 		{"DistinctKeysIndependent", s.distinctKeys, true},
 		{"Policy", s.policy, true},
+		{"SetBadInput", s.setBadInput, true},
+		{"SetAllOrNothing", s.setAllOrNothing, true},
+		{"SetExclusion", s.setExclusion, true},
 		{"FIFO", s.fifo, caps.FIFO},
 		{"ExactStats", s.exactStats, caps.ExactStats},
 		{"FencingTokens", s.fencing, caps.Fencing},

@@ -1,6 +1,9 @@
 package shard
 
-import "sync"
+import (
+	"slices"
+	"sync"
+)
 
 // Mutation points. Each function below is the lock manager's correct rule
 // at one point of the protocol, named for what it decides, so that table.go
@@ -79,4 +82,27 @@ func waiterPool(s *Shard) *sync.Pool {
 		return &s.group.shards[0].waiters
 	}
 	return &s.waiters
+}
+
+// setOrder is the order AcquireAll takes a set's keys in: sorted, the one
+// order of every caller (see Order).
+// Mutant unordered: the caller's order, so two sets naming the same keys in
+// different orders can each hold a key the other waits for, forever.
+func setOrder(keys []string) []string {
+	if mutant == "unordered" {
+		return slices.Clone(keys)
+	}
+	return Order(keys)
+}
+
+// releaseGranted releases the keys a set was granted before it gave up,
+// the last first.
+// Mutant partialrelease: all but the first, which stays held by nobody.
+func releaseGranted(grants []*Grant) {
+	for i := len(grants) - 1; i >= 0; i-- {
+		if mutant == "partialrelease" && i == 0 {
+			break
+		}
+		grants[i].Release()
+	}
 }
