@@ -27,6 +27,7 @@ import (
 func init() {
 	load.Register(redisFamily())
 	load.Register(postgresFamily())
+	load.Register(etcdFamily())
 	load.AddImpl("memory", load.Impl{Name: otelImpl, Desc: "pipeline with the oteltenace listener on the OpenTelemetry SDK (ManualReader)", Make: newOtelLocker})
 }
 
