@@ -4,7 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"tenace.dev/bench/internal/load"
@@ -24,12 +23,4 @@ func runCapture(t *testing.T, args []string) (captured, string) {
 	var stdout, stderr strings.Builder
 	code := load.Run(append([]string{"-out", t.TempDir()}, args...), &stdout, &stderr)
 	return captured{code, stdout.String()}, stderr.String()
-}
-
-// etcd is named in the light command's hint, but its family is not
-// registered yet: the full tool says so instead of pointing to itself.
-func TestAFamilyNotRegisteredYetSaysSo(t *testing.T) {
-	out, errOut := runCapture(t, []string{"-providers", "etcd"})
-	require.Equal(t, 2, out.code)
-	require.Contains(t, errOut, "no etcd family is registered in this tool yet")
 }

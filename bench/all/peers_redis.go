@@ -50,7 +50,7 @@ func redisFamily() *load.Family {
 	for _, i := range redisImpls {
 		f.Impls = append(f.Impls, load.Impl{Name: i.name, Desc: i.desc, Make: func(addr string, _, _ int) (load.Locker, error) {
 			c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 512})
-			return &closingLocker{Locker: i.make(c), c: c}, nil
+			return &closingLocker{Locker: i.make(c), close: c.Close}, nil
 		}})
 	}
 	return f
@@ -85,10 +85,10 @@ func (b *bsmLocker) Do(ctx context.Context, key string, fn func(context.Context)
 func (b *bsmLocker) TakesContext() bool { return true }
 func (b *bsmLocker) Close()             {}
 
-// closingLocker closes the client it made with the Locker.
+// closingLocker closes the client it made (close) with the Locker.
 type closingLocker struct {
 	load.Locker
-	c *redis.Client
+	close func() error
 }
 
-func (c *closingLocker) Close() { c.Locker.Close(); _ = c.c.Close() }
+func (c *closingLocker) Close() { c.Locker.Close(); _ = c.close() }

@@ -145,31 +145,34 @@ func TestPostgresCellsRunOnAGivenServer(t *testing.T) {
 	}
 }
 
-// With no address, one invocation runs the Redis and the PostgreSQL
+// With no address, one invocation runs the Redis, PostgreSQL and etcd
 // families on throwaway servers it starts, compares each row with its own
 // family's tenace, charts them, and stops the servers (TestMain's goleak
 // would find the watchers left running).
 func TestOneInvocationStartsTheServersItNeeds(t *testing.T) {
-	for _, bin := range []string{"redis-server"} {
+	for _, bin := range []string{"redis-server", "etcd"} {
 		if _, err := exec.LookPath(bin); err != nil && os.Getenv("CI") == "" {
 			t.Skip(bin + " is not installed")
 		}
 	}
 	dir := t.TempDir()
-	out, errOut := runCapture(t, []string{"-providers", "redis,postgres", "-scenario", "hot", "-goroutines", "2", "-duration", "100ms", "-out", dir})
+	out, errOut := runCapture(t, []string{"-providers", "redis,postgres,etcd", "-scenario", "hot", "-goroutines", "2", "-duration", "100ms", "-out", dir})
 	if strings.Contains(errOut, "not installed") && os.Getenv("CI") == "" {
 		t.Skip(errOut)
 	}
 	require.Equal(t, 0, out.code, errOut)
 	require.Contains(t, errOut, "starting a throwaway redis server")
 	require.Contains(t, errOut, "starting a throwaway postgres server")
-	for _, impl := range []string{"tenace-redis", "redsync", "bsm", "tenace-pg", "tenace-pg-nofence", "pg-hand"} {
+	require.Contains(t, errOut, "starting a throwaway etcd server")
+	for _, impl := range []string{"tenace-redis", "redsync", "bsm", "tenace-pg", "tenace-pg-nofence", "pg-hand", "tenace-etcd", "etcd-mutex"} {
 		require.Regexp(t, `(?m)^`+impl+`\s+hot\s+2\s`, out.stdout)
 	}
 	require.Regexp(t, `(?m)^tenace-redis\s+hot\s+2\s+\d+\s+1\.00 `, out.stdout, "the base of its family")
 	require.Regexp(t, `(?m)^tenace-pg\s+hot\s+2\s+\d+\s+1\.00 `, out.stdout, "the base of its family")
+	require.Regexp(t, `(?m)^tenace-etcd\s+hot\s+2\s+\d+\s+1\.00 `, out.stdout, "the base of its family")
 	svg, err := os.ReadFile(filepath.Join(dir, "chart.svg"))
 	require.NoError(t, err)
 	require.Contains(t, string(svg), "bsm")
 	require.Contains(t, string(svg), "pg-hand")
+	require.Contains(t, string(svg), "etcd-mutex")
 }

@@ -7,8 +7,10 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"time"
 
+	"tenace.dev/internal/etcdtest"
 	"tenace.dev/internal/pgtest"
 	"tenace.dev/internal/serverproc"
 )
@@ -67,4 +69,15 @@ func startPostgres() (conn string, stop func(), err error) {
 		return "", nil, err
 	}
 	return s.ConnString(), s.Close, nil
+}
+
+// startEtcd starts a throwaway one-member etcd (internal/etcdtest: its
+// data in a temporary directory, a 50ms heartbeat) on free loopback ports
+// for a run, and returns its client URL.
+func startEtcd() (endpoints string, stop func(), err error) {
+	c, err := etcdtest.New(1)
+	if err != nil {
+		return "", nil, err
+	}
+	return strings.Join(c.Endpoints(), ","), c.Close, nil
 }

@@ -161,6 +161,18 @@ func TestTheLightCommandNamesTheOneWithTheDistributedProviders(t *testing.T) {
 	}
 }
 
+// A tool with distributed families but not the one asked for (bench/all
+// before its etcd family) says that family is not registered, instead of
+// pointing to itself.
+func TestAFamilyNotRegisteredYetSaysSo(t *testing.T) {
+	n := len(families)
+	Register(&Family{Name: "other", Base: "x"})
+	t.Cleanup(func() { families = families[:n] })
+	out, errOut := runCapture(t, []string{"-providers", "etcd"})
+	require.Equal(t, 2, out.code)
+	require.Contains(t, errOut, "no etcd family is registered in this tool yet")
+}
+
 // Every ratio reads the same way: above 1, tenace is better in that cell —
 // for throughput (tenace's ops/s over the row's) and for the tail (the
 // row's p999 over tenace's) — and vs floor is the row's rate over one
