@@ -74,8 +74,8 @@ func ExampleGet() {
 	// 42 <nil>
 }
 
-// LeaseFrom gives fn the lease, for instance to pass its fencing token to
-// the resource it writes.
+// LeaseFrom gives fn the lease, for instance to hand its fencing token to
+// the resource it reads and writes (which checks it on every access).
 func ExampleLeaseFrom() {
 	provider := tenace.NewMemoryLockProvider()
 	defer provider.Close()
@@ -83,10 +83,10 @@ func ExampleLeaseFrom() {
 	_ = p.Execute(context.Background(), func(ctx context.Context) error {
 		lease, _ := tenace.LeaseFrom(ctx)
 		token := lease.(tenace.FencedLease).Token()
-		fmt.Println("writing with a fencing token:", token > 0)
+		fmt.Println("accessing with a fencing token:", token > 0)
 		return nil
 	})
-	// Output: writing with a fencing token: true
+	// Output: accessing with a fencing token: true
 }
 
 // TokenFrom reads the fencing token in one call, to pass it with every

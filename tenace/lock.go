@@ -104,16 +104,11 @@ func NewLock(opts LockOptions) *Lock { return &Lock{opts: opts} }
 type leaseKey struct{}
 
 // LeaseFrom returns, inside fn (or an inner step), the lease held by the
-// nearest enclosing Lock, for instance to read its fencing token:
-//
-//	if l, ok := tenace.LeaseFrom(ctx); ok {
-//		if f, ok := l.(tenace.FencedLease); ok {
-//			write(ctx, f.Token(), data)
-//		}
-//	}
-//
-// TokenFrom does the same in one call. fn must not release the lease: the
-// Lock does.
+// nearest enclosing Lock: to watch it for a loss (LosableLease), to read the
+// keys and leases of a set (*SetLease), or its fencing token (FencedLease;
+// TokenFrom reads it in one call), which the resource checks on every
+// access, reads and writes (see FencedLease). fn must not release the
+// lease: the Lock does.
 func LeaseFrom(ctx context.Context) (LockLease, bool) {
 	l, ok := ctx.Value(leaseKey{}).(LockLease)
 	return l, ok
