@@ -129,8 +129,9 @@
 //   - An unreachable cluster is an error at once: before its first
 //     request, Acquire checks the client's gRPC connection, and one in
 //     TRANSIENT_FAILURE (every member's last dial failed) dials again and
-//     gets 500ms to succeed; otherwise Acquire returns an error wrapping
-//     ErrUnreachable (measured: 500ms after the cluster went down). A
+//     gets 500ms to succeed, or until a shorter Timeout; otherwise Acquire
+//     returns an error wrapping ErrUnreachable (measured: 500ms after the
+//     cluster went down; a 100ms Timeout's at 100ms). A
 //     request sent just as the last member went down, before the client saw
 //     its connection close, waits with gRPC's WaitForReady, as every
 //     request of the etcd client does: for the Timeout (then an error, as

@@ -408,7 +408,7 @@ func TestStalledMemberTimeoutBound(t *testing.T) {
 
 // TestUnreachableClusterIsAnErrorAtOnce: with every member down, an Acquire
 // without a Timeout fails at once (it does not wait for ctx), and one with
-// a Timeout fails too: never (nil, nil).
+// a Timeout fails too, within it, however short: never (nil, nil).
 func TestUnreachableClusterIsAnErrorAtOnce(t *testing.T) {
 	c := cluster(t)
 	cl := newClient(t, c.Endpoints()...)
@@ -423,7 +423,7 @@ func TestUnreachableClusterIsAnErrorAtOnce(t *testing.T) {
 	eventually(t, 10*time.Second, "the client saw the connection close", func() bool {
 		return cl.ActiveConnection().GetState() != connectivity.Ready
 	})
-	for _, opts := range []tenace.LockAcquireOptions{{}, {Timeout: 2 * time.Second}, {Timeout: tenace.NoWait}} {
+	for _, opts := range []tenace.LockAcquireOptions{{}, {Timeout: 2 * time.Second}, {Timeout: tenace.NoWait}, {Timeout: 100 * time.Millisecond}, {Timeout: 240 * time.Millisecond}} {
 		ctx, cancel := context.WithTimeout(bg, 20*time.Second)
 		start := time.Now()
 		l, err := p.Acquire(ctx, key, opts)
@@ -434,6 +434,9 @@ func TestUnreachableClusterIsAnErrorAtOnce(t *testing.T) {
 		require.False(t, errors.Is(err, context.DeadlineExceeded), "%+v: waited for ctx: %v", opts, err)
 		t.Logf("%+v: %v after %v", opts, err, d.Round(time.Millisecond))
 		require.Less(t, d, 3*time.Second)
+		if opts.Timeout > 0 {
+			require.Less(t, d, opts.Timeout+50*time.Millisecond, "%+v: the Timeout is a bound", opts)
+		}
 	}
 }
 

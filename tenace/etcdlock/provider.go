@@ -207,6 +207,9 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	a := &attempt{p: p, ctx: ctx, wctx: wctx, key: key, opts: opts, sent: time.Now()}
 	if err := p.reach(wctx); err != nil {
 		if errors.Is(err, ErrUnreachable) {
+			if cerr := ctx.Err(); cerr != nil {
+				return nil, cerr // the caller's ctx ended first: its error, as always
+			}
 			return nil, fmt.Errorf("%w (acquiring %s)", err, keyfmt.Quote(key))
 		}
 		return a.failed(fmt.Errorf("etcdlock: connecting to etcd for %s: %w", keyfmt.Quote(key), err))
@@ -275,10 +278,13 @@ func (p *Provider) reach(ctx context.Context) error {
 			defer cancel()
 		}
 		if !conn.WaitForStateChange(wctx, st) {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil && st != connectivity.TransientFailure {
 				return ctx.Err()
 			}
-			return ErrUnreachable // still in TRANSIENT_FAILURE
+			// Still in TRANSIENT_FAILURE: its redial failed, or the
+			// Timeout (or ctx) ended before it could succeed, and no
+			// member was reached meanwhile: an outage, never a held key.
+			return ErrUnreachable
 		}
 	}
 }
