@@ -137,12 +137,15 @@
 //     request of the etcd client does: for the Timeout (then an error, as
 //     below) or ctx.
 //   - A cluster that was reached but does not answer is not a held key:
-//     when the Timeout passes on a request left unanswered for 250ms or
-//     more, Acquire returns an error wrapping tenace.ErrNoReply (a Lock
-//     reports it as lock.failed). (nil, nil) means that etcd answered that
-//     the key is held (the caller was queueing or watching its predecessor)
-//     and the Timeout passed, or that the request in flight was cut short
-//     too soon to call etcd silent (a Timeout under 250ms cannot tell).
+//     (nil, nil) only ever means that etcd answered that the key is held.
+//     The lease grant and the queueing transaction may bring their reply
+//     up to 20ms past the Timeout, and that reply decides (the queue headed
+//     by another entry: (nil, nil); by the caller's own: a grant); without
+//     one, whatever the Timeout's length, Acquire returns an error wrapping
+//     tenace.ErrNoReply (a Lock reports it as lock.failed). Once etcd said
+//     the key is held, a waiter's later look at the queue that the Timeout
+//     cuts short after 250ms or more without an answer is ErrNoReply too;
+//     cut sooner, it is part of the wait: (nil, nil).
 //   - The Timeout is a bound: Acquire returns within Timeout + 50ms, etcd
 //     stalled or not (tested with the member stopped by SIGSTOP). A ctx
 //     that ends returns ctx's error, even when the grant lands at that

@@ -502,3 +502,25 @@ func TestKeysDoNotNest(t *testing.T) {
 	}
 	require.NoError(t, other.Release(bg))
 }
+
+// TestStalledMemberShortTimeoutIsNoReply: with the member stopped by
+// SIGSTOP, an Acquire with a Timeout shorter than noreply.Grace never had
+// etcd say that the key is held: it returns an error wrapping
+// tenace.ErrNoReply within its Timeout + 50ms, never (nil, nil).
+func TestStalledMemberShortTimeoutIsNoReply(t *testing.T) {
+	c := cluster(t)
+	p := newProvider(t, newClient(t, c.Endpoints()...))
+	l := mustAcquire(t, p, keyOf(t, "warm"), tenace.LockAcquireOptions{})
+	require.NoError(t, l.Release(bg))
+	c.Members[0].Pause()
+	t.Cleanup(c.Members[0].Resume)
+	for _, timeout := range []time.Duration{100 * time.Millisecond, 240 * time.Millisecond} {
+		start := time.Now()
+		l, err := p.Acquire(bg, keyOf(t, "free"), tenace.LockAcquireOptions{Timeout: timeout})
+		d := time.Since(start)
+		require.Nil(t, l)
+		require.ErrorIs(t, err, tenace.ErrNoReply, "Timeout %v: (nil, nil) from a stalled member", timeout)
+		require.Less(t, d, timeout+50*time.Millisecond, "the Timeout is a bound")
+		t.Logf("%v: %v after %v", timeout, err, d.Round(time.Millisecond))
+	}
+}

@@ -163,8 +163,8 @@ var escaper = strings.NewReplacer("%", "%25", "/", "%2F")
 // nil) when etcd said the key is held and the wait ran out of opts.Timeout
 // (at once with NoWait); (nil, ctx's error) when ctx ends first; (nil, err)
 // when etcd fails, cannot be reached (ErrUnreachable, at once), does not
-// answer within the Timeout (an error wrapping tenace.ErrNoReply, once a
-// request has gone unanswered 250ms or more), or the provider is closed (an
+// answer within the Timeout (an error wrapping tenace.ErrNoReply: see the
+// package doc), or the provider is closed (an
 // error wrapping tenace.ErrProviderClosed). Invalid input returns an error
 // wrapping tenace.ErrMissingKey or tenace.ErrInvalidOption. A nil ctx
 // panics.
@@ -204,7 +204,17 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	stop := context.AfterFunc(p.closed, func() { wcancel(tenace.ErrProviderClosed) })
 	defer stop()
 
-	a := &attempt{p: p, ctx: ctx, wctx: wctx, key: key, opts: opts, sent: time.Now()}
+	a := &attempt{p: p, ctx: ctx, wctx: wctx, first: wctx, key: key, opts: opts, sent: time.Now()}
+	if d, ok := actx.Deadline(); ok && opts.Timeout > 0 && clock.IsSystem(opts.Clock) {
+		// The lease grant and the queueing transaction may bring their
+		// reply lateReply past the Timeout: a reply that says "held"
+		// then gives (nil, nil), none gives ErrNoReply (see failed).
+		first, cancelFirst := context.WithDeadline(ctx, d.Add(lateReply))
+		defer cancelFirst()
+		stopFirst := context.AfterFunc(p.closed, cancelFirst)
+		defer stopFirst()
+		a.first = first
+	}
 	if err := p.reach(wctx); err != nil {
 		if errors.Is(err, ErrUnreachable) {
 			if cerr := ctx.Err(); cerr != nil {
@@ -301,19 +311,34 @@ type attempt struct {
 	wctx    context.Context // ends with ctx, the Timeout, or Close
 	key     string
 	opts    tenace.LockAcquireOptions
-	l       *lease // from the lease grant on
+	first   context.Context // the lease grant's and the queueing's: wctx, or lateReply past the Timeout
+	l       *lease          // from the lease grant on
 	sent    time.Time
 	replied bool // etcd answered a request of this attempt
+	held    bool // etcd answered that the key is held (another entry heads the queue)
 }
+
+// lateReply is how long past the Timeout the lease grant and the queueing
+// transaction may still bring their reply, which then decides: a queue
+// headed by another entry gives (nil, nil), the caller's own entry at the
+// head a grant. Without a reply by then, etcd never said the key is held:
+// an error wrapping tenace.ErrNoReply. It keeps Acquire within Timeout +
+// 50ms, with 30ms for the revoke of the entry and the goroutine to run.
+const lateReply = 20 * time.Millisecond
 
 func (a *attempt) run() (tenace.LockLease, error) {
 	p := a.p
 	a.sent = time.Now()
-	g, err := p.client.Grant(a.wctx, int64(p.window/time.Second))
+	g, err := p.client.Grant(a.first, int64(p.window/time.Second))
 	if err != nil {
 		return a.failed(fmt.Errorf("etcdlock: granting an etcd lease for %s: %w", keyfmt.Quote(a.key), err))
 	}
 	a.replied = true
+	if a.wctx.Err() != nil {
+		// The grant came after the Timeout (or ctx ended): too late to
+		// queue. The lease, with nothing attached, lapses on its own.
+		return a.failed(a.wctx.Err())
+	}
 	dir := p.dir(a.key)
 	if a.l, err = p.newLease(a.key, fmt.Sprintf("%s%016x", dir, int64(g.ID)), g.ID, a.sent, time.Duration(g.TTL)*time.Second); err != nil {
 		return nil, err
@@ -321,7 +346,7 @@ func (a *attempt) run() (tenace.LockLease, error) {
 
 	// Join the queue and read its head in one request.
 	a.sent, a.replied = time.Now(), false
-	resp, err := p.client.Txn(a.wctx).Then(
+	resp, err := p.client.Txn(a.first).Then(
 		clientv3.OpPut(a.l.name, "", clientv3.WithLease(g.ID)),
 		clientv3.OpGet(dir, clientv3.WithFirstCreate()...),
 	).Commit()
@@ -331,15 +356,26 @@ func (a *attempt) run() (tenace.LockLease, error) {
 	a.replied = true
 	a.l.rev = resp.Header.Revision // the put's create revision: the only write of the Txn
 	head := resp.Responses[1].GetResponseRange().Kvs
-	if len(head) == 0 || head[0].CreateRevision != a.l.rev {
-		if a.opts.Timeout == tenace.NoWait {
-			return nil, nil
+	if len(head) != 0 && head[0].CreateRevision == a.l.rev {
+		// The head of the queue at once. A reply within lateReply past
+		// the Timeout still decides; a ctx that ended as the grant landed
+		// wins: the caller gave up (see the package doc).
+		if a.wctx.Err() != nil && !tenace.TimedOut(a.ctx, a.wctx) {
+			return a.failed(a.wctx.Err())
 		}
-		a.queue(1)
-		defer a.queue(-1)
-		if err := a.wait(dir); err != nil {
-			return a.failed(err)
-		}
+		return p.grant(a.l, a.opts)
+	}
+	a.held = true
+	if a.opts.Timeout == tenace.NoWait {
+		return nil, nil
+	}
+	if a.wctx.Err() != nil {
+		return a.failed(a.wctx.Err())
+	}
+	a.queue(1)
+	defer a.queue(-1)
+	if err := a.wait(dir); err != nil {
+		return a.failed(err)
 	}
 	// The head of the queue. A ctx that ended as the grant landed wins: the
 	// caller gave up (see the package doc).
@@ -464,9 +500,12 @@ func (a *attempt) queue(d int) {
 
 // failed says why the attempt ended without a grant, err being the failure
 // of its last step: ctx's error when the caller's ctx ended; the closed
-// error after Close; for the Timeout, (nil, nil) when etcd had answered (the
-// key is held) or the request in flight was cut short too soon to call
-// etcd silent, else an error wrapping tenace.ErrNoReply; err otherwise.
+// error after Close; for the Timeout, once etcd said the key is held,
+// (nil, nil) when etcd had answered the last request or the request in
+// flight was cut short too soon to call etcd silent, else (and always
+// before etcd said it is held) an error wrapping tenace.ErrNoReply; err
+// otherwise. A Timeout on another clock than the system's keeps the first
+// rule throughout: real time tells nothing of it.
 func (a *attempt) failed(err error) (tenace.LockLease, error) {
 	if cerr := a.ctx.Err(); cerr != nil {
 		return nil, cerr
@@ -475,6 +514,10 @@ func (a *attempt) failed(err error) (tenace.LockLease, error) {
 		return nil, errClosed
 	}
 	if tenace.TimedOut(a.ctx, a.wctx) {
+		if !a.held && clock.IsSystem(a.opts.Clock) {
+			return nil, fmt.Errorf("%w: etcdlock: etcd did not say whether %s is held within the call's %v Timeout and %v more for a reply in flight (%v)",
+				tenace.ErrNoReply, keyfmt.Quote(a.key), a.opts.Timeout, lateReply, err)
+		}
 		if a.replied || noreply.Unanswered(a.wctx, a.sent) < noreply.Grace {
 			return nil, nil
 		}
