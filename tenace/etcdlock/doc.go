@@ -140,12 +140,17 @@
 //     (nil, nil) only ever means that etcd answered that the key is held.
 //     The lease grant and the queueing transaction may bring their reply
 //     up to 20ms past the Timeout, and that reply decides (the queue headed
-//     by another entry: (nil, nil); by the caller's own: a grant); without
-//     one, whatever the Timeout's length, Acquire returns an error wrapping
-//     tenace.ErrNoReply (a Lock reports it as lock.failed). Once etcd said
-//     the key is held, a waiter's later look at the queue that the Timeout
-//     cuts short after 250ms or more without an answer is ErrNoReply too;
-//     cut sooner, it is part of the wait: (nil, nil).
+//     by another entry: (nil, nil); by the caller's own: a grant). They are
+//     two Raft writes, each with a disk sync, slow on a loaded machine: if
+//     the grant has not answered within 5ms, Acquire also asks the member,
+//     with a serializable read (no Raft round, no disk), who heads the
+//     queue, and another entry there is etcd's answer that the key is
+//     held. Without either answer, whatever the Timeout's length, Acquire
+//     returns an error wrapping tenace.ErrNoReply (a Lock reports it as
+//     lock.failed). Once etcd said the key is held, a waiter's later look
+//     at the queue that the Timeout cuts short after 250ms or more without
+//     an answer is ErrNoReply too; cut sooner, it is part of the wait:
+//     (nil, nil).
 //   - The Timeout is a bound: Acquire returns within Timeout + 50ms, etcd
 //     stalled or not (tested with the member stopped by SIGSTOP). A ctx
 //     that ends returns ctx's error, even when the grant lands at that

@@ -210,10 +210,17 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 		// reply lateReply past the Timeout: a reply that says "held"
 		// then gives (nil, nil), none gives ErrNoReply (see failed).
 		first, cancelFirst := context.WithDeadline(ctx, d.Add(lateReply))
-		defer cancelFirst()
 		stopFirst := context.AfterFunc(p.closed, cancelFirst)
-		defer stopFirst()
 		a.first = first
+		peek := func() {}
+		if opts.Timeout < noreply.Grace {
+			peek = a.peekNow()
+		}
+		defer func() {
+			stopFirst()
+			cancelFirst()
+			peek()
+		}()
 	}
 	if err := p.reach(wctx); err != nil {
 		if errors.Is(err, ErrUnreachable) {
@@ -316,6 +323,66 @@ type attempt struct {
 	sent    time.Time
 	replied bool // etcd answered a request of this attempt
 	held    bool // etcd answered that the key is held (another entry heads the queue)
+
+	// The peek: a read of the queue's head beside the lease grant, for a
+	// Timeout under noreply.Grace (see peekNow).
+	peekDone chan struct{} // closed once the peek has ended; nil: no peek
+	peekHead atomic.Pointer[string]
+}
+
+// peekNow sends, beside the lease grant, a serializable read of the key's
+// queue head on a.first (answered by the member from its own state: no
+// Raft round, no disk sync). Its answer is etcd's word that the key is
+// held (by the entry at the head, if it is not the caller's) when the
+// lease grant and the queueing — two Raft writes, each with a disk sync,
+// slow on a loaded machine — come too late to say it within a short
+// Timeout. It returns what ends it: called after a.first has ended, it
+// waits for the read to return.
+func (a *attempt) peekNow() func() {
+	a.peekDone = make(chan struct{})
+	dir := a.p.dir(a.key)
+	go func() {
+		defer close(a.peekDone)
+		a.peek(a.first, dir)
+	}()
+	return func() { <-a.peekDone }
+}
+
+// peek reads the head of the queue in dir with a serializable read on ctx,
+// and records it.
+func (a *attempt) peek(ctx context.Context, dir string) {
+	resp, err := a.p.client.Get(ctx, dir, append(clientv3.WithFirstCreate(), clientv3.WithSerializable())...)
+	if err == nil && len(resp.Kvs) > 0 {
+		head := string(resp.Kvs[0].Key)
+		a.peekHead.Store(&head)
+	}
+}
+
+// starvedBy is how late past a.first's deadline this process may see its
+// requests fail and still take that as etcd's silence. Later than that, the
+// process was starved of CPU (a loaded machine, a GC pause), and the
+// replies may have come in time and been left unread: the peek is asked
+// again once, with half of lateReply for its answer (the bound is already
+// stretched by the starvation).
+const starvedBy = 25 * time.Millisecond
+
+// peekedHeld reports whether the peek found another entry at the head of
+// the queue. Called once the Timeout has passed: it waits for the peek,
+// which ends by a.first's deadline, lateReply past the Timeout.
+func (a *attempt) peekedHeld() bool {
+	if a.peekDone == nil {
+		return false
+	}
+	<-a.peekDone
+	if a.peekHead.Load() == nil {
+		if d, ok := a.first.Deadline(); ok && time.Since(d) > starvedBy && a.ctx.Err() == nil {
+			ctx, cancel := context.WithTimeout(a.ctx, lateReply/2)
+			a.peek(ctx, a.p.dir(a.key))
+			cancel()
+		}
+	}
+	head := a.peekHead.Load()
+	return head != nil && (a.l == nil || *head != a.l.name)
 }
 
 // lateReply is how long past the Timeout the lease grant and the queueing
@@ -507,6 +574,8 @@ func (a *attempt) queue(d int) {
 // otherwise. A Timeout on another clock than the system's keeps the first
 // rule throughout: real time tells nothing of it.
 func (a *attempt) failed(err error) (tenace.LockLease, error) {
+	awaitDeadline(a.ctx)
+	awaitDeadline(a.wctx)
 	if cerr := a.ctx.Err(); cerr != nil {
 		return nil, cerr
 	}
@@ -514,7 +583,7 @@ func (a *attempt) failed(err error) (tenace.LockLease, error) {
 		return nil, errClosed
 	}
 	if tenace.TimedOut(a.ctx, a.wctx) {
-		if !a.held && clock.IsSystem(a.opts.Clock) {
+		if !a.held && clock.IsSystem(a.opts.Clock) && !a.peekedHeld() {
 			return nil, fmt.Errorf("%w: etcdlock: etcd did not say whether %s is held within the call's %v Timeout and %v more for a reply in flight (%v)",
 				tenace.ErrNoReply, keyfmt.Quote(a.key), a.opts.Timeout, lateReply, err)
 		}
@@ -526,6 +595,30 @@ func (a *attempt) failed(err error) (tenace.LockLease, error) {
 	}
 	return nil, err
 }
+
+// awaitDeadline waits for ctx, whose deadline has passed, to report its
+// end. A request cut short by a deadline (its own, lateReply past the
+// Timeout, or the server's, from the grpc-timeout it was sent with) can
+// fail before the timer that ends ctx at its earlier deadline has run, on a
+// loaded machine: failed must see the Timeout's end, not a bare
+// DeadlineExceeded. The wait is bounded (outcomeWait), and ends the moment
+// the timer runs.
+func awaitDeadline(ctx context.Context) {
+	d, ok := ctx.Deadline()
+	if !ok || ctx.Err() != nil || time.Now().Before(d) {
+		return
+	}
+	t := time.NewTimer(outcomeWait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// outcomeWait bounds awaitDeadline: only against a context that never
+// reports its deadline.
+const outcomeWait = time.Second
 
 // Stats reports the leases held through this provider (granted, not yet
 // released nor lost), the callers waiting in this process (from the moment
