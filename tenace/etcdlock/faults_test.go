@@ -539,21 +539,19 @@ func TestAHeldKeyIsStillHeldUnderLoad(t *testing.T) {
 	key := keyOf(t, "k")
 	held := mustAcquire(t, p, key, tenace.LockAcquireOptions{})
 	defer func() { require.NoError(t, held.Release(bg)) }()
-	stop := make(chan struct{})
+	var stop atomic.Bool
 	var burners sync.WaitGroup
 	for range 2 {
 		burners.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
+			x := 0
+			for !stop.Load() {
+				x++ // burn CPU
 			}
+			_ = x
 		})
 	}
 	defer burners.Wait()
-	defer close(stop)
+	defer stop.Store(true)
 	const n = 40
 	noReply := 0
 	for i := range n {
