@@ -127,24 +127,28 @@
 // # Errors, the Timeout, and a cluster that does not answer
 //
 //   - An unreachable cluster is an error at once: before its first
-//     request, Acquire checks the client's gRPC connection, and one in
-//     TRANSIENT_FAILURE (every member's last dial failed) dials again and
-//     gets 500ms to succeed, or until a shorter Timeout; otherwise Acquire
-//     returns an error wrapping ErrUnreachable (measured: 500ms after the
-//     cluster went down; a 100ms Timeout's at 100ms). A
-//     request sent just as the last member went down, before the client saw
-//     its connection close, waits with gRPC's WaitForReady, as every
-//     request of the etcd client does: for the Timeout (then an error, as
-//     below) or ctx.
+//     request, Acquire checks the client's gRPC connection. One in
+//     TRANSIENT_FAILURE (every member's last dial failed) makes Acquire dial
+//     every endpoint itself (TCP or a Unix socket, not through gRPC nor a
+//     custom dialer of the client's): when every dial fails (refused, no
+//     route), Acquire returns at once an error wrapping ErrUnreachable and
+//     the first dial's error (errors.Is(err, syscall.ECONNREFUSED));
+//     otherwise the connection dials again and gets 500ms (or until a
+//     shorter Timeout) to succeed, and Acquire returns an error wrapping
+//     ErrUnreachable if it did not. A request sent just as the last member
+//     went down, before the client saw its connection close, waits with
+//     gRPC's WaitForReady, as every request of the etcd client does: for
+//     the Timeout (then an error, as below) or ctx.
 //   - A cluster that was reached but does not answer is not a held key:
 //     (nil, nil) only ever means that etcd answered that the key is held.
 //     The lease grant and the queueing transaction may bring their reply
 //     up to 20ms past the Timeout, and that reply decides (the queue headed
 //     by another entry: (nil, nil); by the caller's own: a grant). They are
-//     two Raft writes, each with a disk sync, slow on a loaded machine: if
-//     the grant has not answered within 5ms, Acquire also asks the member,
+//     two Raft writes, each with a disk sync, slow on a loaded machine: with
+//     a Timeout under 250ms, Acquire also asks the member beside the grant,
 //     with a serializable read (no Raft round, no disk), who heads the
-//     queue, and another entry there is etcd's answer that the key is
+//     queue (again once, if this process was starved of CPU past the
+//     deadline), and another entry there is etcd's answer that the key is
 //     held. Without either answer, whatever the Timeout's length, Acquire
 //     returns an error wrapping tenace.ErrNoReply (a Lock reports it as
 //     lock.failed). Once etcd said the key is held, a waiter's later look

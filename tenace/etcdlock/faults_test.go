@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -434,6 +435,8 @@ func TestUnreachableClusterIsAnErrorAtOnce(t *testing.T) {
 		require.False(t, errors.Is(err, context.DeadlineExceeded), "%+v: waited for ctx: %v", opts, err)
 		t.Logf("%+v: %v after %v", opts, err, d.Round(time.Millisecond))
 		require.Less(t, d, 3*time.Second)
+		require.ErrorIs(t, err, syscall.ECONNREFUSED, "%+v: the cause", opts)
+		require.Less(t, d, 250*time.Millisecond, "%+v: at once, not after a redial wait", opts)
 		if opts.Timeout > 0 {
 			require.Less(t, d, opts.Timeout+50*time.Millisecond, "%+v: the Timeout is a bound", opts)
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -227,7 +229,7 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 			if cerr := ctx.Err(); cerr != nil {
 				return nil, cerr // the caller's ctx ended first: its error, as always
 			}
-			return nil, fmt.Errorf("%w (acquiring %s)", err, keyfmt.Quote(key))
+			return nil, fmt.Errorf("%w (acquiring %s)", err, keyfmt.Quote(key)) // wraps the dial's error, if any
 		}
 		return a.failed(fmt.Errorf("etcdlock: connecting to etcd for %s: %w", keyfmt.Quote(key), err))
 	}
@@ -288,6 +290,9 @@ func (p *Provider) reach(ctx context.Context) error {
 			if redialed {
 				return ErrUnreachable
 			}
+			if err := p.refused(ctx); err != nil {
+				return fmt.Errorf("%w: %w", ErrUnreachable, err)
+			}
 			redialed = true
 			conn.ResetConnectBackoff()
 			var cancel context.CancelFunc
@@ -304,6 +309,48 @@ func (p *Provider) reach(ctx context.Context) error {
 			return ErrUnreachable
 		}
 	}
+}
+
+// refused dials every endpoint of the client itself (TCP, or a Unix
+// socket; no TLS, no gRPC: only whether anything accepts a connection) and
+// returns the first dial's error when every dial failed other than by a
+// timeout — every member refuses connections or cannot be reached: the
+// cause, at once, rather than after reach's redial wait. nil when one
+// connected, or a dial could not tell within reconnectWait.
+func (p *Provider) refused(ctx context.Context) error {
+	var first error
+	for _, ep := range p.client.Endpoints() {
+		network, addr := endpointAddr(ep)
+		d := net.Dialer{Timeout: reconnectWait}
+		c, err := d.DialContext(ctx, network, addr)
+		if err == nil {
+			_ = c.Close()
+			return nil
+		}
+		var ne net.Error
+		if ctx.Err() != nil || errors.As(err, &ne) && ne.Timeout() {
+			return nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// endpointAddr is the network and address an etcd client endpoint names:
+// "unix://path", "unixs://path" or "unix:path"; a URL's host; else the
+// endpoint itself as a TCP address.
+func endpointAddr(ep string) (network, addr string) {
+	for _, prefix := range []string{"unix://", "unixs://", "unix:"} {
+		if rest, ok := strings.CutPrefix(ep, prefix); ok {
+			return "unix", rest
+		}
+	}
+	if u, err := url.Parse(ep); err == nil && u.Host != "" {
+		return "tcp", u.Host
+	}
+	return "tcp", ep
 }
 
 // reconnectWait is how long reach lets a connection in TRANSIENT_FAILURE
