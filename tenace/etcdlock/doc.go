@@ -127,21 +127,34 @@
 // # Errors, the Timeout, and a cluster that does not answer
 //
 //   - An unreachable cluster is an error at once: before its first
-//     request, Acquire checks the client's gRPC connection, and one in
-//     TRANSIENT_FAILURE (every member's last dial failed) dials again and
-//     gets 500ms to succeed; otherwise Acquire returns an error wrapping
-//     ErrUnreachable (measured: 500ms after the cluster went down). A
-//     request sent just as the last member went down, before the client saw
-//     its connection close, waits with gRPC's WaitForReady, as every
-//     request of the etcd client does: for the Timeout (then an error, as
-//     below) or ctx.
+//     request, Acquire checks the client's gRPC connection. One in
+//     TRANSIENT_FAILURE (every member's last dial failed) makes Acquire dial
+//     every endpoint itself (TCP or a Unix socket, not through gRPC nor a
+//     custom dialer of the client's): when every dial fails (refused, no
+//     route), Acquire returns at once an error wrapping ErrUnreachable and
+//     the first dial's error (errors.Is(err, syscall.ECONNREFUSED));
+//     otherwise the connection dials again and gets 500ms (or until a
+//     shorter Timeout) to succeed, and Acquire returns an error wrapping
+//     ErrUnreachable if it did not. A request sent just as the last member
+//     went down, before the client saw its connection close, waits with
+//     gRPC's WaitForReady, as every request of the etcd client does: for
+//     the Timeout (then an error, as below) or ctx.
 //   - A cluster that was reached but does not answer is not a held key:
-//     when the Timeout passes on a request left unanswered for 250ms or
-//     more, Acquire returns an error wrapping tenace.ErrNoReply (a Lock
-//     reports it as lock.failed). (nil, nil) means that etcd answered that
-//     the key is held (the caller was queueing or watching its predecessor)
-//     and the Timeout passed, or that the request in flight was cut short
-//     too soon to call etcd silent (a Timeout under 250ms cannot tell).
+//     (nil, nil) only ever means that etcd answered that the key is held.
+//     The lease grant and the queueing transaction may bring their reply
+//     up to 20ms past the Timeout, and that reply decides (the queue headed
+//     by another entry: (nil, nil); by the caller's own: a grant). They are
+//     two Raft writes, each with a disk sync, slow on a loaded machine: with
+//     a Timeout under 250ms, Acquire also asks the member beside the grant,
+//     with a serializable read (no Raft round, no disk), who heads the
+//     queue (again once, if this process was starved of CPU past the
+//     deadline), and another entry there is etcd's answer that the key is
+//     held. Without either answer, whatever the Timeout's length, Acquire
+//     returns an error wrapping tenace.ErrNoReply (a Lock reports it as
+//     lock.failed). Once etcd said the key is held, a waiter's later look
+//     at the queue that the Timeout cuts short after 250ms or more without
+//     an answer is ErrNoReply too; cut sooner, it is part of the wait:
+//     (nil, nil).
 //   - The Timeout is a bound: Acquire returns within Timeout + 50ms, etcd
 //     stalled or not (tested with the member stopped by SIGSTOP). A ctx
 //     that ends returns ctx's error, even when the grant lands at that

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -408,7 +409,7 @@ func TestStalledMemberTimeoutBound(t *testing.T) {
 
 // TestUnreachableClusterIsAnErrorAtOnce: with every member down, an Acquire
 // without a Timeout fails at once (it does not wait for ctx), and one with
-// a Timeout fails too: never (nil, nil).
+// a Timeout fails too, within it, however short: never (nil, nil).
 func TestUnreachableClusterIsAnErrorAtOnce(t *testing.T) {
 	c := cluster(t)
 	cl := newClient(t, c.Endpoints()...)
@@ -423,7 +424,7 @@ func TestUnreachableClusterIsAnErrorAtOnce(t *testing.T) {
 	eventually(t, 10*time.Second, "the client saw the connection close", func() bool {
 		return cl.ActiveConnection().GetState() != connectivity.Ready
 	})
-	for _, opts := range []tenace.LockAcquireOptions{{}, {Timeout: 2 * time.Second}, {Timeout: tenace.NoWait}} {
+	for _, opts := range []tenace.LockAcquireOptions{{}, {Timeout: 2 * time.Second}, {Timeout: tenace.NoWait}, {Timeout: 100 * time.Millisecond}, {Timeout: 240 * time.Millisecond}} {
 		ctx, cancel := context.WithTimeout(bg, 20*time.Second)
 		start := time.Now()
 		l, err := p.Acquire(ctx, key, opts)
@@ -434,6 +435,11 @@ func TestUnreachableClusterIsAnErrorAtOnce(t *testing.T) {
 		require.False(t, errors.Is(err, context.DeadlineExceeded), "%+v: waited for ctx: %v", opts, err)
 		t.Logf("%+v: %v after %v", opts, err, d.Round(time.Millisecond))
 		require.Less(t, d, 3*time.Second)
+		require.ErrorIs(t, err, syscall.ECONNREFUSED, "%+v: the cause", opts)
+		require.Less(t, d, 250*time.Millisecond, "%+v: at once, not after a redial wait", opts)
+		if opts.Timeout > 0 {
+			require.Less(t, d, opts.Timeout+50*time.Millisecond, "%+v: the Timeout is a bound", opts)
+		}
 	}
 }
 
@@ -498,4 +504,69 @@ func TestKeysDoNotNest(t *testing.T) {
 		require.NoError(t, l.Release(bg))
 	}
 	require.NoError(t, other.Release(bg))
+}
+
+// TestStalledMemberShortTimeoutIsNoReply: with the member stopped by
+// SIGSTOP, an Acquire with a Timeout shorter than noreply.Grace never had
+// etcd say that the key is held: it returns an error wrapping
+// tenace.ErrNoReply within its Timeout + 50ms, never (nil, nil).
+func TestStalledMemberShortTimeoutIsNoReply(t *testing.T) {
+	c := cluster(t)
+	p := newProvider(t, newClient(t, c.Endpoints()...))
+	l := mustAcquire(t, p, keyOf(t, "warm"), tenace.LockAcquireOptions{})
+	require.NoError(t, l.Release(bg))
+	c.Members[0].Pause()
+	t.Cleanup(c.Members[0].Resume)
+	for _, timeout := range []time.Duration{100 * time.Millisecond, 240 * time.Millisecond} {
+		start := time.Now()
+		l, err := p.Acquire(bg, keyOf(t, "free"), tenace.LockAcquireOptions{Timeout: timeout})
+		d := time.Since(start)
+		require.Nil(t, l)
+		require.ErrorIs(t, err, tenace.ErrNoReply, "Timeout %v: (nil, nil) from a stalled member", timeout)
+		require.Less(t, d, timeout+50*time.Millisecond, "the Timeout is a bound")
+		t.Logf("%v: %v after %v", timeout, err, d.Round(time.Millisecond))
+	}
+}
+
+// TestAHeldKeyIsStillHeldUnderLoad: a key held by another, asked for
+// with short Timeouts on a loaded machine (two CPU burners beside the
+// test), is (nil, nil) whenever etcd answered anything within the Timeout
+// and 20ms: the queueing, or the peek beside the lease grant. An error is
+// allowed only as the rule says: ErrNoReply when etcd answered nothing (a
+// member starved of CPU past the Timeout), never another error (a bare
+// deadline, as a request cut short before the Timeout's timer ran once
+// gave), never a lease.
+func TestAHeldKeyIsStillHeldUnderLoad(t *testing.T) {
+	c := cluster(t)
+	p := newProvider(t, newClient(t, c.Endpoints()...))
+	key := keyOf(t, "k")
+	held := mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	defer func() { require.NoError(t, held.Release(bg)) }()
+	var stop atomic.Bool
+	var burners sync.WaitGroup
+	for range 2 {
+		burners.Go(func() {
+			x := 0
+			for !stop.Load() {
+				x++ // burn CPU
+			}
+			_ = x
+		})
+	}
+	defer burners.Wait()
+	defer stop.Store(true)
+	const n = 40
+	noReply := 0
+	for i := range n {
+		timeout := []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}[i%2]
+		l, err := p.Acquire(bg, key, tenace.LockAcquireOptions{Timeout: timeout})
+		require.Nil(t, l)
+		if err != nil {
+			require.ErrorIs(t, err, tenace.ErrNoReply)
+			require.ErrorContains(t, err, "etcd did not say whether", "ErrNoReply only when etcd answered nothing")
+			noReply++
+		}
+	}
+	t.Logf("%d acquires of a held key beside two CPU burners: %d ErrNoReply (etcd answered nothing in time), the rest (nil, nil)", n, noReply)
+	require.Less(t, noReply, n, "no acquire heard that the key is held")
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -163,8 +165,8 @@ var escaper = strings.NewReplacer("%", "%25", "/", "%2F")
 // nil) when etcd said the key is held and the wait ran out of opts.Timeout
 // (at once with NoWait); (nil, ctx's error) when ctx ends first; (nil, err)
 // when etcd fails, cannot be reached (ErrUnreachable, at once), does not
-// answer within the Timeout (an error wrapping tenace.ErrNoReply, once a
-// request has gone unanswered 250ms or more), or the provider is closed (an
+// answer within the Timeout (an error wrapping tenace.ErrNoReply: see the
+// package doc), or the provider is closed (an
 // error wrapping tenace.ErrProviderClosed). Invalid input returns an error
 // wrapping tenace.ErrMissingKey or tenace.ErrInvalidOption. A nil ctx
 // panics.
@@ -204,10 +206,30 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	stop := context.AfterFunc(p.closed, func() { wcancel(tenace.ErrProviderClosed) })
 	defer stop()
 
-	a := &attempt{p: p, ctx: ctx, wctx: wctx, key: key, opts: opts, sent: time.Now()}
+	a := &attempt{p: p, ctx: ctx, wctx: wctx, first: wctx, key: key, opts: opts, sent: time.Now()}
+	if d, ok := actx.Deadline(); ok && opts.Timeout > 0 && clock.IsSystem(opts.Clock) {
+		// The lease grant and the queueing transaction may bring their
+		// reply lateReply past the Timeout: a reply that says "held"
+		// then gives (nil, nil), none gives ErrNoReply (see failed).
+		first, cancelFirst := context.WithDeadline(ctx, d.Add(lateReply))
+		stopFirst := context.AfterFunc(p.closed, cancelFirst)
+		a.first = first
+		peek := func() {}
+		if opts.Timeout < noreply.Grace {
+			peek = a.peekNow()
+		}
+		defer func() {
+			stopFirst()
+			cancelFirst()
+			peek()
+		}()
+	}
 	if err := p.reach(wctx); err != nil {
 		if errors.Is(err, ErrUnreachable) {
-			return nil, fmt.Errorf("%w (acquiring %s)", err, keyfmt.Quote(key))
+			if cerr := ctx.Err(); cerr != nil {
+				return nil, cerr // the caller's ctx ended first: its error, as always
+			}
+			return nil, fmt.Errorf("%w (acquiring %s)", err, keyfmt.Quote(key)) // wraps the dial's error, if any
 		}
 		return a.failed(fmt.Errorf("etcdlock: connecting to etcd for %s: %w", keyfmt.Quote(key), err))
 	}
@@ -268,6 +290,9 @@ func (p *Provider) reach(ctx context.Context) error {
 			if redialed {
 				return ErrUnreachable
 			}
+			if err := p.refused(ctx); err != nil {
+				return fmt.Errorf("%w: %w", ErrUnreachable, err)
+			}
 			redialed = true
 			conn.ResetConnectBackoff()
 			var cancel context.CancelFunc
@@ -275,12 +300,57 @@ func (p *Provider) reach(ctx context.Context) error {
 			defer cancel()
 		}
 		if !conn.WaitForStateChange(wctx, st) {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil && st != connectivity.TransientFailure {
 				return ctx.Err()
 			}
-			return ErrUnreachable // still in TRANSIENT_FAILURE
+			// Still in TRANSIENT_FAILURE: its redial failed, or the
+			// Timeout (or ctx) ended before it could succeed, and no
+			// member was reached meanwhile: an outage, never a held key.
+			return ErrUnreachable
 		}
 	}
+}
+
+// refused dials every endpoint of the client itself (TCP, or a Unix
+// socket; no TLS, no gRPC: only whether anything accepts a connection) and
+// returns the first dial's error when every dial failed other than by a
+// timeout — every member refuses connections or cannot be reached: the
+// cause, at once, rather than after reach's redial wait. nil when one
+// connected, or a dial could not tell within reconnectWait.
+func (p *Provider) refused(ctx context.Context) error {
+	var first error
+	for _, ep := range p.client.Endpoints() {
+		network, addr := endpointAddr(ep)
+		d := net.Dialer{Timeout: reconnectWait}
+		c, err := d.DialContext(ctx, network, addr)
+		if err == nil {
+			_ = c.Close()
+			return nil
+		}
+		var ne net.Error
+		if ctx.Err() != nil || errors.As(err, &ne) && ne.Timeout() {
+			return nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// endpointAddr is the network and address an etcd client endpoint names:
+// "unix://path", "unixs://path" or "unix:path"; a URL's host; else the
+// endpoint itself as a TCP address.
+func endpointAddr(ep string) (network, addr string) {
+	for _, prefix := range []string{"unix://", "unixs://", "unix:"} {
+		if rest, ok := strings.CutPrefix(ep, prefix); ok {
+			return "unix", rest
+		}
+	}
+	if u, err := url.Parse(ep); err == nil && u.Host != "" {
+		return "tcp", u.Host
+	}
+	return "tcp", ep
 }
 
 // reconnectWait is how long reach lets a connection in TRANSIENT_FAILURE
@@ -295,19 +365,94 @@ type attempt struct {
 	wctx    context.Context // ends with ctx, the Timeout, or Close
 	key     string
 	opts    tenace.LockAcquireOptions
-	l       *lease // from the lease grant on
+	first   context.Context // the lease grant's and the queueing's: wctx, or lateReply past the Timeout
+	l       *lease          // from the lease grant on
 	sent    time.Time
 	replied bool // etcd answered a request of this attempt
+	held    bool // etcd answered that the key is held (another entry heads the queue)
+
+	// The peek: a read of the queue's head beside the lease grant, for a
+	// Timeout under noreply.Grace (see peekNow).
+	peekDone chan struct{} // closed once the peek has ended; nil: no peek
+	peekHead atomic.Pointer[string]
 }
+
+// peekNow sends, beside the lease grant, a serializable read of the key's
+// queue head on a.first (answered by the member from its own state: no
+// Raft round, no disk sync). Its answer is etcd's word that the key is
+// held (by the entry at the head, if it is not the caller's) when the
+// lease grant and the queueing — two Raft writes, each with a disk sync,
+// slow on a loaded machine — come too late to say it within a short
+// Timeout. It returns what ends it: called after a.first has ended, it
+// waits for the read to return.
+func (a *attempt) peekNow() func() {
+	a.peekDone = make(chan struct{})
+	dir := a.p.dir(a.key)
+	go func() {
+		defer close(a.peekDone)
+		a.peek(a.first, dir)
+	}()
+	return func() { <-a.peekDone }
+}
+
+// peek reads the head of the queue in dir with a serializable read on ctx,
+// and records it.
+func (a *attempt) peek(ctx context.Context, dir string) {
+	resp, err := a.p.client.Get(ctx, dir, append(clientv3.WithFirstCreate(), clientv3.WithSerializable())...)
+	if err == nil && len(resp.Kvs) > 0 {
+		head := string(resp.Kvs[0].Key)
+		a.peekHead.Store(&head)
+	}
+}
+
+// starvedBy is how late past a.first's deadline this process may see its
+// requests fail and still take that as etcd's silence. Later than that, the
+// process was starved of CPU (a loaded machine, a GC pause), and the
+// replies may have come in time and been left unread: the peek is asked
+// again once, with half of lateReply for its answer (the bound is already
+// stretched by the starvation).
+const starvedBy = 25 * time.Millisecond
+
+// peekedHeld reports whether the peek found another entry at the head of
+// the queue. Called once the Timeout has passed: it waits for the peek,
+// which ends by a.first's deadline, lateReply past the Timeout.
+func (a *attempt) peekedHeld() bool {
+	if a.peekDone == nil {
+		return false
+	}
+	<-a.peekDone
+	if a.peekHead.Load() == nil {
+		if d, ok := a.first.Deadline(); ok && time.Since(d) > starvedBy && a.ctx.Err() == nil {
+			ctx, cancel := context.WithTimeout(a.ctx, lateReply/2)
+			a.peek(ctx, a.p.dir(a.key))
+			cancel()
+		}
+	}
+	head := a.peekHead.Load()
+	return head != nil && (a.l == nil || *head != a.l.name)
+}
+
+// lateReply is how long past the Timeout the lease grant and the queueing
+// transaction may still bring their reply, which then decides: a queue
+// headed by another entry gives (nil, nil), the caller's own entry at the
+// head a grant. Without a reply by then, etcd never said the key is held:
+// an error wrapping tenace.ErrNoReply. It keeps Acquire within Timeout +
+// 50ms, with 30ms for the revoke of the entry and the goroutine to run.
+const lateReply = 20 * time.Millisecond
 
 func (a *attempt) run() (tenace.LockLease, error) {
 	p := a.p
 	a.sent = time.Now()
-	g, err := p.client.Grant(a.wctx, int64(p.window/time.Second))
+	g, err := p.client.Grant(a.first, int64(p.window/time.Second))
 	if err != nil {
 		return a.failed(fmt.Errorf("etcdlock: granting an etcd lease for %s: %w", keyfmt.Quote(a.key), err))
 	}
 	a.replied = true
+	if a.wctx.Err() != nil {
+		// The grant came after the Timeout (or ctx ended): too late to
+		// queue. The lease, with nothing attached, lapses on its own.
+		return a.failed(a.wctx.Err())
+	}
 	dir := p.dir(a.key)
 	if a.l, err = p.newLease(a.key, fmt.Sprintf("%s%016x", dir, int64(g.ID)), g.ID, a.sent, time.Duration(g.TTL)*time.Second); err != nil {
 		return nil, err
@@ -315,7 +460,7 @@ func (a *attempt) run() (tenace.LockLease, error) {
 
 	// Join the queue and read its head in one request.
 	a.sent, a.replied = time.Now(), false
-	resp, err := p.client.Txn(a.wctx).Then(
+	resp, err := p.client.Txn(a.first).Then(
 		clientv3.OpPut(a.l.name, "", clientv3.WithLease(g.ID)),
 		clientv3.OpGet(dir, clientv3.WithFirstCreate()...),
 	).Commit()
@@ -325,15 +470,26 @@ func (a *attempt) run() (tenace.LockLease, error) {
 	a.replied = true
 	a.l.rev = resp.Header.Revision // the put's create revision: the only write of the Txn
 	head := resp.Responses[1].GetResponseRange().Kvs
-	if len(head) == 0 || head[0].CreateRevision != a.l.rev {
-		if a.opts.Timeout == tenace.NoWait {
-			return nil, nil
+	if len(head) != 0 && head[0].CreateRevision == a.l.rev {
+		// The head of the queue at once. A reply within lateReply past
+		// the Timeout still decides; a ctx that ended as the grant landed
+		// wins: the caller gave up (see the package doc).
+		if a.wctx.Err() != nil && !tenace.TimedOut(a.ctx, a.wctx) {
+			return a.failed(a.wctx.Err())
 		}
-		a.queue(1)
-		defer a.queue(-1)
-		if err := a.wait(dir); err != nil {
-			return a.failed(err)
-		}
+		return p.grant(a.l, a.opts)
+	}
+	a.held = true
+	if a.opts.Timeout == tenace.NoWait {
+		return nil, nil
+	}
+	if a.wctx.Err() != nil {
+		return a.failed(a.wctx.Err())
+	}
+	a.queue(1)
+	defer a.queue(-1)
+	if err := a.wait(dir); err != nil {
+		return a.failed(err)
 	}
 	// The head of the queue. A ctx that ended as the grant landed wins: the
 	// caller gave up (see the package doc).
@@ -458,10 +614,15 @@ func (a *attempt) queue(d int) {
 
 // failed says why the attempt ended without a grant, err being the failure
 // of its last step: ctx's error when the caller's ctx ended; the closed
-// error after Close; for the Timeout, (nil, nil) when etcd had answered (the
-// key is held) or the request in flight was cut short too soon to call
-// etcd silent, else an error wrapping tenace.ErrNoReply; err otherwise.
+// error after Close; for the Timeout, once etcd said the key is held,
+// (nil, nil) when etcd had answered the last request or the request in
+// flight was cut short too soon to call etcd silent, else (and always
+// before etcd said it is held) an error wrapping tenace.ErrNoReply; err
+// otherwise. A Timeout on another clock than the system's keeps the first
+// rule throughout: real time tells nothing of it.
 func (a *attempt) failed(err error) (tenace.LockLease, error) {
+	awaitDeadline(a.ctx)
+	awaitDeadline(a.wctx)
 	if cerr := a.ctx.Err(); cerr != nil {
 		return nil, cerr
 	}
@@ -469,6 +630,10 @@ func (a *attempt) failed(err error) (tenace.LockLease, error) {
 		return nil, errClosed
 	}
 	if tenace.TimedOut(a.ctx, a.wctx) {
+		if !a.held && clock.IsSystem(a.opts.Clock) && !a.peekedHeld() {
+			return nil, fmt.Errorf("%w: etcdlock: etcd did not say whether %s is held within the call's %v Timeout and %v more for a reply in flight (%v)",
+				tenace.ErrNoReply, keyfmt.Quote(a.key), a.opts.Timeout, lateReply, err)
+		}
 		if a.replied || noreply.Unanswered(a.wctx, a.sent) < noreply.Grace {
 			return nil, nil
 		}
@@ -477,6 +642,30 @@ func (a *attempt) failed(err error) (tenace.LockLease, error) {
 	}
 	return nil, err
 }
+
+// awaitDeadline waits for ctx, whose deadline has passed, to report its
+// end. A request cut short by a deadline (its own, lateReply past the
+// Timeout, or the server's, from the grpc-timeout it was sent with) can
+// fail before the timer that ends ctx at its earlier deadline has run, on a
+// loaded machine: failed must see the Timeout's end, not a bare
+// DeadlineExceeded. The wait is bounded (outcomeWait), and ends the moment
+// the timer runs.
+func awaitDeadline(ctx context.Context) {
+	d, ok := ctx.Deadline()
+	if !ok || ctx.Err() != nil || time.Now().Before(d) {
+		return
+	}
+	t := time.NewTimer(outcomeWait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// outcomeWait bounds awaitDeadline: only against a context that never
+// reports its deadline.
+const outcomeWait = time.Second
 
 // Stats reports the leases held through this provider (granted, not yet
 // released nor lost), the callers waiting in this process (from the moment

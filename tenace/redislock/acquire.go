@@ -380,23 +380,34 @@ func (p *Provider) nextWait(holderTTL time.Duration) time.Duration {
 // try runs the acquire script once (go-redis may send it more than once).
 // If no reply has come probeAfter after the send, it dials the server
 // itself (Provider.probe): a dial that fails ends the try with an
-// *unreachableError. Once a dial has failed, the next tries dial first,
-// and send nothing if that fails, until one gets through.
+// *unreachableError. Once a dial has failed, the next tries dial first
+// and, if that fails, are still sent, but end on that failure probeAfter
+// after the send unless answered by then, until one gets through: a dial
+// can fail while the pool's connections still reach the server (a failover
+// client whose sentinels are down, a process out of file descriptors), and
+// a try that sent nothing could never learn it.
 func (a *attempt) try(ctx context.Context) (*lease, time.Duration, error) {
 	p := a.p
 	probe := p.probe
 	if probe == nil {
 		return a.tryOn(ctx)
 	}
+	var failed error // the dial that failed just now, if the last try ended on one
 	if p.unreachable.Load() {
 		if err := probe(ctx); err != nil && !isTimeout(err) && ctx.Err() == nil {
-			return nil, 0, &unreachableError{err: err, unsent: true}
+			failed = err
 		}
 	}
 	tctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	t := time.AfterFunc(probeAfter, func() {
-		if err := probe(tctx); err != nil && !isTimeout(err) && tctx.Err() == nil {
+		err := failed
+		if err == nil {
+			if err = probe(tctx); err != nil && isTimeout(err) {
+				err = nil
+			}
+		}
+		if err != nil && tctx.Err() == nil {
 			cancel(&unreachableError{err: err})
 		}
 	})
@@ -459,9 +470,7 @@ const outcomeWait = time.Second
 // answered "held", cut short less than retrySilence after it was sent: then
 // part of the wait, (nil, nil).
 func (a *attempt) failed(w waitCtx, err error, waiting bool) error {
-	if down := (*unreachableError)(nil); !errors.As(err, &down) || !down.unsent {
-		a.p.voids.add(a)
-	}
+	a.p.voids.add(a)
 	var reply redis.Error
 	isReply := errors.As(err, &reply)
 	if !isReply && !isDialFailure(err) && w.caller.Err() == nil {
@@ -508,10 +517,8 @@ const probeWait = 10 * time.Millisecond
 
 // unreachableError is a dial to the server that failed (Provider.probe),
 // which ended a try: the server refuses connections or cannot be reached.
-// unsent: the try sent nothing (it dialled first, see attempt.try).
 type unreachableError struct {
-	err    error
-	unsent bool
+	err error
 }
 
 func (e *unreachableError) Error() string {

@@ -162,9 +162,14 @@
 //     decides; see Provider.Acquire for how a try without one is judged.
 //     The refusal is seen at once on a *redis.Client (standalone or
 //     failover): a try without a reply after 5ms dials the server itself,
-//     bypassing go-redis's dial retries (about 2s with its defaults). On a
-//     Cluster or a Ring client it comes when go-redis gives up, or, past
-//     the Timeout, as ErrNoReply.
+//     bypassing go-redis's dial retries (about 2s with its defaults), with
+//     the client's own Dialer (so a TLS handshake, or a failover client's
+//     question to its sentinels, per such try). A failed dial is taken as
+//     the server's: with a Dialer that fails while the pool's connections
+//     still reach the server (sentinels down), a try unanswered for 5ms
+//     fails with it; later tries are still sent, and the first answered
+//     within 5ms ends that. On a Cluster or a Ring client the refusal comes
+//     when go-redis gives up, or, past the Timeout, as ErrNoReply.
 //   - Timeout and ctx bound Acquire, Redis calls included, on a client with
 //     ContextTimeoutEnabled (the Timeout plus the 20ms a try in flight has
 //     for its reply, and this process's scheduling latency), also while the shared Pub/Sub connection is

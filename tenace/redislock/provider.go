@@ -65,7 +65,8 @@ type Provider struct {
 	subs     *subscriber                 // one Pub/Sub connection for every waiter, open while any waits
 	probe    func(context.Context) error // dials the server, past go-redis's pool and retries; nil: unknown client
 	// unreachable: the last try ended on a failed dial (Provider.probe), so
-	// tries dial first until one gets through.
+	// tries dial first, and a failed dial ends them probeAfter after the
+	// send unless answered, until one gets through (attempt.try).
 	unreachable atomic.Bool
 	voids       *janitor // undoes acquires whose outcome is unknown
 
