@@ -31,8 +31,10 @@ func Example() {
 	p := tel.Instrument(tenace.NewPolicy().
 		WithLock(tenace.LockOptions{Provider: provider, Key: "reports", Timeout: tenace.NoWait}))
 
-	_ = p.Execute(ctx, func(ctx context.Context) error {
-		return p.Execute(ctx, func(context.Context) error { return nil }) // "reports" is held: rejected
+	_ = p.Execute(ctx, func(context.Context) error {
+		// Another caller (not this execution: that would be a deadlock)
+		// while "reports" is held: rejected.
+		return p.Execute(ctx, func(context.Context) error { return nil })
 	})
 
 	var rm metricdata.ResourceMetrics

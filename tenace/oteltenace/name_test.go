@@ -52,7 +52,7 @@ func TestANameLabelsEveryMeasurementAndTheSpan(t *testing.T) {
 
 	require.NoError(t, reports.Execute(bg, func(ctx context.Context) error {
 		var nae *tenace.LockNotAcquiredError
-		require.ErrorAs(t, reports.Execute(ctx, noop), &nae) // held: rejected
+		require.ErrorAs(t, reports.Execute(bg, noop), &nae) // held, for another caller: rejected
 		return nil
 	}))
 	require.ErrorIs(t, migrations.Execute(bg, func(ctx context.Context) error {
