@@ -305,6 +305,15 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 				l, err := c.waitEnded(true)
 				return l, false, err
 			}
+			if c.bounded && time.Until(c.deadline) > 0 {
+				// The server's bound ends up to verdictLead before the
+				// Timeout (see lockTimeout), so that its "held" is back
+				// in time. With time left, wait again for what remains,
+				// each bound closer to the Timeout: "not granted" never
+				// comes before the Timeout, and a release in its last
+				// moments still grants.
+				continue
+			}
 			conn.Release()
 			return nil, false, nil
 		case err != nil:
