@@ -335,3 +335,37 @@ func TestSetOutageIsAnError(t *testing.T) {
 		require.False(t, errors.Is(err, context.DeadlineExceeded), "not the caller's deadline: %v", err)
 	}
 }
+
+// TestSetUnansweredIsVoidedForEveryKey: a set whose script the server
+// leaves unanswered until the Timeout (a stalled server) fails with
+// ErrNoReply; the script, run once the server resumes, takes the keys
+// (TTL an hour), and the voids queued for every key of the set free them
+// all within a few seconds.
+func TestSetUnansweredIsVoidedForEveryKey(t *testing.T) {
+	srv := redistest.Start(t)
+	c := deadlineClient(t, srv.Addr)
+	p := newProvider(t, c)
+	warm(t, c, p)
+	keys := []string{"stall/a", "stall/b", "stall/c"}
+	set, err := tenace.AcquireAll(bg, p, keys, tenace.LockAcquireOptions{Timeout: tenace.NoWait}) // loads the script
+	require.NoError(t, err)
+	require.NoError(t, set.Release(bg))
+
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	set, err = tenace.AcquireAll(bg, p, keys, tenace.LockAcquireOptions{Timeout: 100 * time.Millisecond, TTL: time.Hour})
+	require.Nil(t, set)
+	require.ErrorIs(t, err, redislock.ErrNoReply)
+	srv.Resume()
+	resumed = true
+	within(t, 5*time.Second, "every key of the set freed", func() bool { return len(heldLocks(t, c, "stall/")) == 0 })
+	eventually(t, "the janitor done", func() bool {
+		pending, running := redislock.PendingVoids(p)
+		return pending == 0 && !running
+	})
+}
