@@ -369,3 +369,25 @@ func TestSetUnansweredIsVoidedForEveryKey(t *testing.T) {
 		return pending == 0 && !running
 	})
 }
+
+// A transfer holds both accounts at once, whichever order callers name
+// them in: on a *redis.Client (or keys with a common hash tag on a
+// Cluster) one script takes both or neither. (Not run: it needs a Redis
+// server on localhost:6379.)
+func ExampleProvider_AcquireSet() {
+	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
+	defer client.Close()
+	locks := redislock.New(client)
+	defer locks.Close()
+
+	ctx := context.Background()
+	set, err := tenace.AcquireAll(ctx, locks, []string{"account/7", "account/3"}, tenace.LockAcquireOptions{Timeout: 5 * time.Second})
+	if err != nil || set == nil {
+		return // Redis failed, or an account stayed held for 5s
+	}
+	defer set.Release(ctx)
+	for i, key := range set.Keys() {
+		token := set.Leases()[i].(tenace.FencedLease).Token() // fences writes to key
+		_, _ = key, token
+	}
+}
