@@ -213,10 +213,10 @@ type setAttempt struct {
 func (s *setAttempt) acquire(w waitCtx, noWait bool) ([]*lease, error) {
 	p := s.p
 	rep := s.parts[0] // outcome needs only w
-	leases, holderTTL, held, err := s.try(w.try)
+	leases, holderTTL, _, err := s.try(w.try)
 	if err != nil && starved(w, err) {
 		ctx, cancel := context.WithTimeout(w.caller, lateReply/2)
-		leases, holderTTL, held, err = s.try(ctx)
+		leases, holderTTL, _, err = s.try(ctx)
 		cancel()
 		if err == nil && leases == nil {
 			s.void() // a copy of the first try may still run
@@ -281,7 +281,8 @@ func (s *setAttempt) acquire(w waitCtx, noWait bool) ([]*lease, error) {
 			return nil, rep.outcome(w, nil, nil)
 		}
 		sent := time.Now()
-		if leases, holderTTL, held, err = s.try(w.try); err != nil {
+		leases, holderTTL, held, err := s.try(w.try)
+		if err != nil {
 			return nil, s.failed(w, err, noreply.Unanswered(w.try, sent) < retrySilence)
 		}
 		if leases != nil {
