@@ -77,6 +77,23 @@
 // least 15s) after the acquire failed if the server never answers. A void
 // given up is logged through WithLogger.
 //
+// # Several keys
+//
+// AcquireSet (tenace.AcquireAll, and a Lock with LockOptions.Keys) takes a
+// set of keys all or none. When their names share a hash slot — always on
+// a *redis.Client, standalone or failover; on a Cluster or a Ring when the
+// keys share a hash tag (see Names: "acct}7" and "acct}9" share "acct") —
+// one Lua script takes every key or none, each with its own token, expiry
+// and fencing token exactly as Acquire's script gives them, so sets and
+// single callers exclude each other; a set that waits holds no key, which
+// makes it deadlock-free against any caller, and subscribes to every key's
+// release channel, trying again on any of them. Each key then has a lease
+// of its own, renewed and lost as a single one. Keys on different slots
+// are taken one at a time in sorted order, with Acquire
+// (tenace.AcquireAll's generic path): deadlock-free among sets, holding
+// the keys granted while it waits for the next. A cycle between processes
+// that hold keys one by one and wait for others is not detected.
+//
 // # Names
 //
 // The lock of key is named prefix + "{" + key + "}"; its fencing counter,

@@ -1,0 +1,437 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"tenace.dev/tenace"
+	"tenace.dev/tenace/clock"
+	"tenace.dev/tenace/internal/noreply"
+)
+
+var _ tenace.MultiLockProvider = (*Provider)(nil)
+
+// setScript: for each key i of the set (1-based), KEYS[3i-2] its lock,
+// KEYS[3i-1] its fencing counter, KEYS[3i] the void marker of its token;
+// ARGV[1] the first expiry in ms, ARGV[1+i] key i's token.
+//
+// acquireScript for several keys, all or none: {1, fence_1, ..., fence_n}
+// when every key is this set's (granted now, or by an earlier run of the
+// same acquire whose reply was lost: each key's token is found and its
+// counter returned); {0, the least PTTL of the keys held, held_1, ...,
+// held_n} (held_i 1 when another token holds key i, else 0) when another
+// token holds any of them, and then it writes nothing; {-1} when a token of
+// the set was voided. Each key gets its token and fencing token exactly as
+// a single grant does, so single grants and sets exclude each other.
+var setScript = redis.NewScript(`
+redis.replicate_commands()
+local n = #KEYS / 3
+local held, minttl, own = {}, nil, {}
+for i = 1, n do
+	local holder = redis.call('GET', KEYS[3*i-2])
+	held[i] = 0
+	if holder == ARGV[1+i] then
+		own[i] = true
+	elseif holder then
+		held[i] = 1
+		local ttl = redis.call('PTTL', KEYS[3*i-2])
+		if minttl == nil or ttl < minttl then
+			minttl = ttl
+		end
+	elseif redis.call('EXISTS', KEYS[3*i]) == 1 then
+		return {-1}
+	end
+end
+if minttl ~= nil then
+	local res = {0, minttl}
+	for i = 1, n do
+		res[2+i] = held[i]
+	end
+	return res
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local res = {1}
+for i = 1, n do
+	local last = tonumber(redis.call('GET', KEYS[3*i-1]) or '0')
+	if own[i] then
+		res[1+i] = last
+	else
+		local fence = now
+		if last >= fence then
+			fence = last + 1
+		end
+		redis.call('SET', KEYS[3*i-1], string.format('%.0f', fence))
+		redis.call('SET', KEYS[3*i-2], ARGV[1+i], 'PX', ARGV[1])
+		res[1+i] = fence
+	end
+end
+return res
+`)
+
+// AcquireSet acquires every key of keys, all or none, and returns their
+// lease (tenace.MultiLockProvider; tenace.AcquireAll calls it): one lease
+// of this provider per key, each with the key's own fencing token, renewed
+// and lost as a single key's lease is, in sorted key order.
+//
+// When the keys' names share a hash slot — on a *redis.Client (standalone
+// or failover), always; on a Cluster, a Ring or another client, when every
+// key has the same hash tag (redislock names key k's lock prefix+"{"+k+"}",
+// so keys that start with the same text up to a "}", such as "acct}7" and
+// "acct}9", share the tag "acct") — one Lua script takes all the keys or
+// none, atomically, with the same token, expiry and fencing counter as a
+// single Acquire's: the set never holds some keys while it waits for the
+// others, so it cannot deadlock with anyone, sets or single callers,
+// whatever order they take keys in. A set that must wait subscribes to the
+// release channel of every key, tries again on any key's release, and
+// otherwise waits, tries and reports exactly as Acquire does: (nil, nil)
+// only when the server answered that a key is held, an outage is an error,
+// and a try whose outcome is unknown is voided for every key of the set
+// (see Acquire).
+//
+// Otherwise (keys on different slots of a Cluster, different shards of a
+// Ring) it takes the keys one by one in sorted order, as tenace.AcquireAll
+// does for any provider: each with Acquire, holding those granted while it
+// waits for the next.
+//
+// The Timeout (opts.Timeout) and ctx bound the whole set.
+func (p *Provider) AcquireSet(ctx context.Context, keys []string, opts tenace.LockAcquireOptions) (*tenace.SetLease, error) {
+	if ctx == nil {
+		panic("tenace: redislock.Provider.AcquireSet: nil context: pass context.Background() or the caller's context")
+	}
+	if err := tenace.ValidateKeys(keys); err != nil {
+		return nil, err
+	}
+	if err := validate(keys[0], opts); err != nil {
+		return nil, err
+	}
+	if !p.oneSlot(keys) {
+		// The generic path, on this provider seen as a plain LockProvider
+		// (which has no AcquireSet to come back to).
+		return tenace.AcquireAll(ctx, struct{ tenace.LockProvider }{p}, keys, opts)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if p.isClosed() {
+		return nil, errClosed
+	}
+	ttl := opts.TTL
+	if ttl == 0 {
+		ttl = p.ttl
+	}
+	sorted := slices.Sorted(slices.Values(keys))
+	s := &setAttempt{p: p, name: strings.Join(sorted, ",")}
+	for _, k := range sorted {
+		s.parts = append(s.parts, p.newAttempt(k, ttl))
+	}
+	w, done := p.waitContexts(ctx, opts)
+	defer done()
+	leases, err := s.acquire(w, opts.Timeout == tenace.NoWait)
+	if leases == nil {
+		return nil, err
+	}
+	ls := make([]tenace.LockLease, len(leases))
+	for i, l := range leases {
+		ls[i] = l
+	}
+	return tenace.NewSetLease(sorted, ls), nil
+}
+
+// oneSlot reports whether one script can take keys: on a *redis.Client
+// every name is on the one server; on any other client, only names with
+// the same hash tag are sure to be on one node.
+func (p *Provider) oneSlot(keys []string) bool {
+	if _, ok := p.client.(*redis.Client); ok {
+		return true
+	}
+	lock, _, _ := p.names(keys[0])
+	tag := hashTag(lock)
+	for _, k := range keys[1:] {
+		if lock, _, _ := p.names(k); hashTag(lock) != tag {
+			return false
+		}
+	}
+	return true
+}
+
+// hashTag is the part of name that Redis Cluster hashes: the text between
+// its first "{" and the first "}" after it, if not empty; else all of it.
+func hashTag(name string) string {
+	if i := strings.IndexByte(name, '{'); i >= 0 {
+		if j := strings.IndexByte(name[i+1:], '}'); j > 0 {
+			return name[i+1 : i+1+j]
+		}
+	}
+	return name
+}
+
+// waitContexts builds the contexts of one acquire (see waitCtx): those of
+// Acquire, for AcquireSet. done releases them.
+func (p *Provider) waitContexts(ctx context.Context, opts tenace.LockAcquireOptions) (waitCtx, func()) {
+	actx, cancel := tenace.AcquireContext(ctx, opts)
+	w := waitCtx{caller: ctx, acq: actx, call: actx, try: actx, timeout: opts.Timeout}
+	if !clock.IsSystem(opts.Clock) {
+		call, cancelCall := context.WithCancel(ctx)
+		try, cancelTry := context.WithCancel(ctx)
+		stop := context.AfterFunc(actx, func() {
+			cancelCall()
+			if tenace.TimedOut(ctx, actx) {
+				time.AfterFunc(lateReply, cancelTry)
+			} else {
+				cancelTry()
+			}
+		})
+		w.call, w.try = call, try
+		return w, func() { stop(); cancelCall(); cancelTry(); cancel() }
+	}
+	if d, ok := actx.Deadline(); ok && opts.Timeout > 0 {
+		try, cancelTry := context.WithDeadline(ctx, d.Add(lateReply))
+		w.try = try
+		return w, func() { cancelTry(); cancel() }
+	}
+	return w, cancel
+}
+
+// setAttempt is one AcquireSet call on one slot: an attempt per key (its
+// token, names and void marker), every try of it sending the same tokens.
+type setAttempt struct {
+	p     *Provider
+	name  string     // the keys, sorted, joined by commas: for errors
+	parts []*attempt // sorted by key
+}
+
+// acquire is attempt's acquire loop for a set: see Provider.acquire. It
+// returns one lease per part, or none.
+func (s *setAttempt) acquire(w waitCtx, noWait bool) ([]*lease, error) {
+	p := s.p
+	rep := s.parts[0] // outcome needs only w
+	leases, holderTTL, _, err := s.try(w.try)
+	if err != nil && starved(w, err) {
+		ctx, cancel := context.WithTimeout(w.caller, lateReply/2)
+		leases, holderTTL, _, err = s.try(ctx)
+		cancel()
+		if err == nil && leases == nil {
+			s.void() // a copy of the first try may still run
+		}
+	}
+	if err != nil {
+		return nil, s.failed(w, err, false)
+	}
+	if leases != nil || noWait {
+		return leases, nil
+	}
+	if w.acq.Err() != nil {
+		return nil, rep.outcome(w, nil, nil)
+	}
+
+	// Subscribe to every key's channel first, then try again (see
+	// Provider.acquire).
+	waits := make([]*wait, 0, len(s.parts))
+	acquired := false
+	defer func() {
+		for _, sw := range waits {
+			p.subs.unsubscribe(sw, acquired)
+		}
+	}()
+	for _, a := range s.parts {
+		sw, err := p.subs.subscribe(w.call, a.channel)
+		if errors.Is(err, errClosed) {
+			return nil, errClosed
+		}
+		if err != nil {
+			return nil, rep.outcome(w, fmt.Errorf("redislock: subscribing to the release channel of %s: %w", quoteSet(s.name), err), nil)
+		}
+		waits = append(waits, sw)
+	}
+	retry := time.NewTimer(p.nextWait(holderTTL))
+	defer retry.Stop()
+	// The cases: each channel's confirmation, then each one's wake-up, then
+	// the retry timer, the acquire's end and the provider's close.
+	n := len(waits)
+	cases := make([]reflect.SelectCase, 2*n+3)
+	for i, sw := range waits {
+		cases[i] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(sw.sub.confirmed)}
+		cases[n+i] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(sw.wake)}
+	}
+	cases[2*n] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(retry.C)}
+	cases[2*n+1] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.acq.Done())}
+	cases[2*n+2] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(p.closing)}
+	for {
+		chosen, _, _ := reflect.Select(cases)
+		woken := -1
+		switch {
+		case chosen < n:
+			cases[chosen].Chan = reflect.Value{} // confirmed: ignored from now on
+		case chosen < 2*n:
+			woken = chosen - n
+		case chosen == 2*n+1:
+			return nil, rep.outcome(w, nil, nil)
+		case chosen == 2*n+2:
+			return nil, errClosed
+		}
+		if w.acq.Err() != nil {
+			return nil, rep.outcome(w, nil, nil)
+		}
+		sent := time.Now()
+		leases, holderTTL, held, err := s.try(w.try)
+		if err != nil {
+			return nil, s.failed(w, err, noreply.Unanswered(w.try, sent) < retrySilence)
+		}
+		if leases != nil {
+			acquired = true
+			return leases, nil
+		}
+		if woken >= 0 && !held[woken] {
+			// The release that woke this set freed a key it could not
+			// take for another's sake: the wake-up goes on to that key's
+			// next waiter, as a waiter that leaves passes it on.
+			p.subs.handOn(waits[woken])
+		}
+		retry.Reset(p.nextWait(holderTTL))
+	}
+}
+
+// handOn wakes the oldest waiter of w's channel that came after w and has
+// no wake-up pending: w was woken by a release and could not use it. Only
+// younger waiters, so that two sets waiting on the same keys never hand a
+// wake-up back and forth.
+func (s *subscriber) handOn(w *wait) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := slices.Index(w.sub.waiters, w)
+	if i < 0 {
+		return
+	}
+	for _, next := range w.sub.waiters[i+1:] {
+		select {
+		case next.wake <- struct{}{}:
+			return
+		default:
+		}
+	}
+}
+
+// try runs the set's script once, dialling the server as Attempt.try does
+// when no reply has come within probeAfter. It returns one lease per part
+// when granted; else the least PTTL of the keys held, and which are held.
+func (s *setAttempt) try(ctx context.Context) ([]*lease, time.Duration, []bool, error) {
+	var leases []*lease
+	var holderTTL time.Duration
+	var held []bool
+	err := s.p.probed(ctx, func(ctx context.Context) (err error) {
+		leases, holderTTL, held, err = s.tryOn(ctx)
+		return err
+	})
+	return leases, holderTTL, held, err
+}
+
+// probed runs f with ctx, and dials the server itself (Provider.probe) if
+// f has had no reply within probeAfter: see attempt.try.
+func (p *Provider) probed(ctx context.Context, f func(context.Context) error) error {
+	probe := p.probe
+	if probe == nil {
+		return f(ctx)
+	}
+	if p.unreachable.Load() {
+		if err := probe(ctx); err != nil && !isTimeout(err) && ctx.Err() == nil {
+			return &unreachableError{err: err, unsent: true}
+		}
+	}
+	tctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	t := time.AfterFunc(probeAfter, func() {
+		if err := probe(tctx); err != nil && !isTimeout(err) && tctx.Err() == nil {
+			cancel(&unreachableError{err: err})
+		}
+	})
+	defer t.Stop()
+	err := f(tctx)
+	var down *unreachableError
+	switch {
+	case err != nil && errors.As(context.Cause(tctx), &down):
+		p.unreachable.Store(true)
+		return down
+	case err == nil && p.unreachable.Load():
+		p.unreachable.Store(false)
+	}
+	return err
+}
+
+// tryOn runs the set's script once with ctx and reads its reply.
+func (s *setAttempt) tryOn(ctx context.Context) ([]*lease, time.Duration, []bool, error) {
+	n := len(s.parts)
+	keys := make([]string, 0, 3*n)
+	args := make([]any, 1, 1+n)
+	args[0] = s.parts[0].pxMS
+	for _, a := range s.parts {
+		keys = append(keys, a.lockKey, a.fenceKey, a.voidKey)
+		args = append(args, a.token)
+	}
+	start := time.Now() // before the send: the local expiry is never after Redis's
+	res, err := setScript.Run(ctx, s.p.client, keys, args...).Int64Slice()
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	switch {
+	case len(res) == n+1 && res[0] == 1:
+		leases := make([]*lease, n)
+		for i, a := range s.parts {
+			leases[i] = s.p.newLease(a, uint64(res[1+i]), start)
+		}
+		return leases, 0, nil, nil
+	case len(res) == n+2 && res[0] == 0:
+		held := make([]bool, n)
+		for i := range held {
+			held[i] = res[2+i] == 1
+		}
+		return nil, time.Duration(res[1]) * time.Millisecond, held, nil
+	case len(res) == 1 && res[0] == -1: // only after AcquireSet returned, so never seen by a live one
+		return nil, 0, nil, errors.New("the acquire was voided")
+	default:
+		return nil, 0, nil, fmt.Errorf("unexpected script reply %v", res)
+	}
+}
+
+// void queues every part's token to be voided: a try whose outcome is
+// unknown may have taken, or may yet take, all the keys.
+func (s *setAttempt) void() {
+	for _, a := range s.parts {
+		s.p.voids.add(a)
+	}
+}
+
+// failed is attempt.failed for a set: every part is voided, and the error
+// names the set.
+func (s *setAttempt) failed(w waitCtx, err error, waiting bool) error {
+	if down := (*unreachableError)(nil); !errors.As(err, &down) || !down.unsent {
+		s.void()
+	}
+	rep := s.parts[0]
+	var reply redis.Error
+	isReply := errors.As(err, &reply)
+	if !isReply && !isDialFailure(err) && w.caller.Err() == nil {
+		if down := s.p.dialNow(); down != nil {
+			err = down
+		}
+	}
+	failure := fmt.Errorf("redislock: acquiring %s: %w", quoteSet(s.name), err)
+	if isReply || isDialFailure(err) {
+		return rep.outcome(w, failure, failure)
+	}
+	if waiting {
+		return rep.outcome(w, failure, nil)
+	}
+	timedOut := fmt.Errorf("redislock: acquiring %s: %w within the %v Timeout (%v)", quoteSet(s.name), ErrNoReply, w.timeout, err)
+	return rep.outcome(w, failure, timedOut)
+}
+
+// quoteSet names a set in errors: "the set a,b,c", quoted as a key is.
+func quoteSet(name string) string { return fmt.Sprintf("the set %q", name) }
