@@ -13,7 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"tenace.dev/tenace"
-	"tenace.dev/tenace/clock"
 	"tenace.dev/tenace/internal/keyfmt"
 	"tenace.dev/tenace/internal/noreply"
 )
@@ -177,31 +176,8 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	if ttl == 0 {
 		ttl = p.ttl
 	}
-	actx, cancel := tenace.AcquireContext(ctx, opts)
-	defer cancel()
-	w := waitCtx{caller: ctx, acq: actx, call: actx, try: actx, timeout: opts.Timeout}
-	if !clock.IsSystem(opts.Clock) {
-		// actx's deadline is on opts.Clock, and go-redis would take it for
-		// a real one (with a clock behind real time every call would time
-		// out at once): the calls get ctx's deadline, and end with actx;
-		// a try, lateReply after the Timeout.
-		call, cancelCall := context.WithCancel(ctx)
-		try, cancelTry := context.WithCancel(ctx)
-		stop := context.AfterFunc(actx, func() {
-			cancelCall()
-			if tenace.TimedOut(ctx, actx) {
-				time.AfterFunc(lateReply, cancelTry)
-			} else {
-				cancelTry()
-			}
-		})
-		defer func() { stop(); cancelCall(); cancelTry() }()
-		w.call, w.try = call, try
-	} else if d, ok := actx.Deadline(); ok && opts.Timeout > 0 {
-		try, cancelTry := context.WithDeadline(ctx, d.Add(lateReply))
-		defer cancelTry()
-		w.try = try
-	}
+	w, done := p.waitContexts(ctx, opts)
+	defer done()
 	l, err := p.acquire(w, p.newAttempt(key, ttl), opts.Timeout == tenace.NoWait)
 	if l == nil {
 		return nil, err
@@ -377,51 +353,21 @@ func (p *Provider) nextWait(holderTTL time.Duration) time.Duration {
 	return d
 }
 
-// try runs the acquire script once (go-redis may send it more than once).
-// If no reply has come probeAfter after the send, it dials the server
-// itself (Provider.probe): a dial that fails ends the try with an
-// *unreachableError. Once a dial has failed, the next tries dial first
-// and, if that fails, are still sent, but end on that failure probeAfter
-// after the send unless answered by then, until one gets through: a dial
-// can fail while the pool's connections still reach the server (a failover
-// client whose sentinels are down, a process out of file descriptors), and
-// a try that sent nothing could never learn it.
+// try runs the acquire script once (go-redis may send it more than once),
+// through Provider.probed: a server that refuses connections ends it with
+// an *unreachableError, probeAfter after the send unless answered by then.
 func (a *attempt) try(ctx context.Context) (*lease, time.Duration, error) {
-	p := a.p
-	probe := p.probe
-	if probe == nil {
-		return a.tryOn(ctx)
-	}
-	var failed error // the dial that failed just now, if the last try ended on one
-	if p.unreachable.Load() {
-		if err := probe(ctx); err != nil && !isTimeout(err) && ctx.Err() == nil {
-			failed = err
-		}
-	}
-	tctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	t := time.AfterFunc(probeAfter, func() {
-		err := failed
-		if err == nil {
-			if err = probe(tctx); err != nil && isTimeout(err) {
-				err = nil
-			}
-		}
-		if err != nil && tctx.Err() == nil {
-			cancel(&unreachableError{err: err})
-		}
+	var l *lease
+	var holderTTL time.Duration
+	err := a.p.probed(ctx, func(ctx context.Context) error {
+		var err error
+		l, holderTTL, err = a.tryOn(ctx)
+		return err
 	})
-	defer t.Stop()
-	l, holderTTL, err := a.tryOn(tctx)
-	var down *unreachableError
-	switch {
-	case err != nil && errors.As(context.Cause(tctx), &down):
-		p.unreachable.Store(true)
-		return nil, 0, down
-	case err == nil && p.unreachable.Load():
-		p.unreachable.Store(false)
+	if err != nil {
+		return nil, 0, err
 	}
-	return l, holderTTL, err
+	return l, holderTTL, nil
 }
 
 // tryOn runs the acquire script once with ctx, and reads its reply.

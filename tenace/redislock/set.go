@@ -173,12 +173,16 @@ func hashTag(name string) string {
 	return name
 }
 
-// waitContexts builds the contexts of one acquire (see waitCtx): those of
-// Acquire, for AcquireSet. done releases them.
+// waitContexts builds the contexts of one Acquire or AcquireSet (see
+// waitCtx). done releases them.
 func (p *Provider) waitContexts(ctx context.Context, opts tenace.LockAcquireOptions) (waitCtx, func()) {
 	actx, cancel := tenace.AcquireContext(ctx, opts)
 	w := waitCtx{caller: ctx, acq: actx, call: actx, try: actx, timeout: opts.Timeout}
 	if !clock.IsSystem(opts.Clock) {
+		// actx's deadline is on opts.Clock, and go-redis would take it for
+		// a real one (with a clock behind real time every call would time
+		// out at once): the calls get ctx's deadline, and end with actx;
+		// a try, lateReply after the Timeout.
 		call, cancelCall := context.WithCancel(ctx)
 		try, cancelTry := context.WithCancel(ctx)
 		stop := context.AfterFunc(actx, func() {
@@ -334,21 +338,35 @@ func (s *setAttempt) try(ctx context.Context) ([]*lease, time.Duration, []bool, 
 }
 
 // probed runs f with ctx, and dials the server itself (Provider.probe) if
-// f has had no reply within probeAfter: see attempt.try.
+// f has had no reply probeAfter after the send: a dial that fails ends f
+// with an *unreachableError. Once a dial has failed, the next calls dial
+// first and, if that fails, are still sent, but end on that failure
+// probeAfter after the send unless answered by then, until one gets
+// through: a dial can fail while the pool's connections still reach the
+// server (a failover client whose sentinels are down, a process out of
+// file descriptors), and a call that sent nothing could never learn it.
+// Single tries (attempt.try) and sets (setAttempt.try) both run through it.
 func (p *Provider) probed(ctx context.Context, f func(context.Context) error) error {
 	probe := p.probe
 	if probe == nil {
 		return f(ctx)
 	}
+	var failed error // the dial that failed just now, if the last call ended on one
 	if p.unreachable.Load() {
 		if err := probe(ctx); err != nil && !isTimeout(err) && ctx.Err() == nil {
-			return &unreachableError{err: err, unsent: true}
+			failed = err
 		}
 	}
 	tctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	t := time.AfterFunc(probeAfter, func() {
-		if err := probe(tctx); err != nil && !isTimeout(err) && tctx.Err() == nil {
+		err := failed
+		if err == nil {
+			if err = probe(tctx); err != nil && isTimeout(err) {
+				err = nil
+			}
+		}
+		if err != nil && tctx.Err() == nil {
 			cancel(&unreachableError{err: err})
 		}
 	})
@@ -411,9 +429,7 @@ func (s *setAttempt) void() {
 // failed is attempt.failed for a set: every part is voided, and the error
 // names the set.
 func (s *setAttempt) failed(w waitCtx, err error, waiting bool) error {
-	if down := (*unreachableError)(nil); !errors.As(err, &down) || !down.unsent {
-		s.void()
-	}
+	s.void() // every try is sent (see probed): its outcome is unknown
 	rep := s.parts[0]
 	var reply redis.Error
 	isReply := errors.As(err, &reply)
