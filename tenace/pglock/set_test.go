@@ -159,7 +159,7 @@ func TestSetOrderNoDeadlock(t *testing.T) {
 	}
 	reversed := slices.Clone(keys)
 	slices.Reverse(reversed)
-	ctx, cancel := context.WithTimeout(bg, time.Minute)
+	ctx, cancel := context.WithTimeout(bg, 30*time.Second)
 	defer cancel()
 	var mu sync.Mutex
 	holding := map[string]bool{}
@@ -242,11 +242,7 @@ func TestSetLostWithItsSession(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, s)
 	srv.Terminate(t, pglock.BackendPID(s.Leases()[1]))
-	select {
-	case <-s.Lost():
-	case <-time.After(20 * time.Second):
-		t.Fatal("the set's loss was not signalled within 20s")
-	}
+	lost(t, s, "the set after its session ended")
 	require.ErrorIs(t, s.Err(), tenace.ErrLeaseLost)
 	for i, l := range s.Leases() {
 		ll := l.(tenace.LosableLease)
@@ -279,11 +275,21 @@ func TestSetTTL(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, s)
 	clock.advance(time.Hour)
-	<-s.Lost()
+	lost(t, s, "the set at its TTL")
 	require.ErrorIs(t, s.Err(), tenace.ErrLeaseExpired)
-	for _, l := range s.Leases() {
-		<-l.(tenace.LosableLease).Lost()
+	for i, l := range s.Leases() {
+		lost(t, l.(tenace.LosableLease), "the lease of "+keys[i]+" at the set's TTL")
 	}
 	require.ErrorIs(t, s.Release(bg), tenace.ErrLeaseExpired)
 	require.Eventually(t, func() bool { return locks(t, srv, keys[0]) == "" && locks(t, srv, keys[1]) == "" }, 20*time.Second, 5*time.Millisecond)
+}
+
+// lost waits until l is lost, within 20 s.
+func lost(t *testing.T, l tenace.LosableLease, what string) {
+	t.Helper()
+	select {
+	case <-l.Lost():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s: no loss signalled within 20s", what)
+	}
 }
