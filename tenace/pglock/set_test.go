@@ -293,3 +293,34 @@ func lost(t *testing.T, l tenace.LosableLease, what string) {
 		t.Fatalf("%s: no loss signalled within 20s", what)
 	}
 }
+
+// Two accounts moved together: AcquireAll (or a Lock with
+// LockOptions.Keys) takes both keys on one session, all or none, in an
+// order of its own, so that a transfer the other way never deadlocks with
+// this one.
+func ExampleProvider_AcquireSet() {
+	ctx := context.Background()
+	locks, err := pglock.New(ctx, exampleConnString())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer locks.Close()
+
+	set, err := tenace.AcquireAll(ctx, locks, []string{"example/account/B", "example/account/A"}, tenace.LockAcquireOptions{Timeout: 5 * time.Second})
+	switch {
+	case err != nil:
+		fmt.Println("the provider failed:", err)
+		return
+	case set == nil:
+		fmt.Println("an account is busy: none of them was taken")
+		return
+	}
+	defer set.Release(ctx)
+	for i, l := range set.Leases() {
+		fmt.Println(set.Keys()[i], "fenced:", l.(tenace.FencedLease).Token() > 0)
+	}
+	// Output:
+	// example/account/A fenced: true
+	// example/account/B fenced: true
+}
