@@ -247,6 +247,13 @@ func (c *call) runBounded() (tenace.LockLease, error) {
 	defer t.Stop()
 	select {
 	case r := <-res:
+		if r.lease == nil && r.err == nil {
+			// The server's "held" comes up to verdictLead early: the
+			// caller hears it at its Timeout, not before, unless ctx ends
+			// or the provider closes first (then that is the answer, as
+			// it would have been had the server waited).
+			return nil, c.untilDeadline()
+		}
 		return r.lease, r.err
 	case <-t.C:
 	}
@@ -261,6 +268,23 @@ func (c *call) runBounded() (tenace.LockLease, error) {
 		return nil, p.closedErr()
 	}
 	return c.unanswered()
+}
+
+// untilDeadline waits until c's Timeout has passed and returns nil; or
+// ctx's error if ctx ends first, the closed error if the provider closes.
+func (c *call) untilDeadline() error {
+	if d := time.Until(c.deadline); d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-c.ctx.Done():
+			return c.ctx.Err()
+		case <-c.p.closed.Done():
+			return c.p.closedErr()
+		}
+	}
+	return nil
 }
 
 // run connects and locks, within wctx; it owns the call's connection slot.
