@@ -141,8 +141,9 @@ func (p *Provider) queue(d int, keys ...string) {
 
 // Stats reports the leases held through this provider and the callers
 // waiting in this process (inside Acquire, whether for a connection or on
-// the server's lock queue), and the most of those waiting for one key. It
-// is three atomic loads.
+// the server's lock queue), and the most of those waiting for one key. A
+// set (AcquireSet) counts each of its keys in Held, and once in Waiting, in
+// the queue of each of its keys. It is three atomic loads.
 //
 // A lease counts in Held from its grant until its lock is given back: a
 // Release's unlock; for a lease lost to its TTL or to Close, until the
