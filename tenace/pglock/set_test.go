@@ -324,3 +324,25 @@ func ExampleProvider_AcquireSet() {
 	// example/account/A fenced: true
 	// example/account/B fenced: true
 }
+
+// TestSetClose: Close loses a held set, every key of it, and unlocks them
+// all before it returns.
+func TestSetClose(t *testing.T) {
+	srv := server(t)
+	keys := setKeys(t, 3)
+	p, err := pglock.New(bg, srv.ConnString())
+	require.NoError(t, err)
+	s, err := p.AcquireSet(bg, keys, tenace.LockAcquireOptions{})
+	require.NoError(t, err)
+	require.NotNil(t, s)
+	require.NoError(t, p.Close())
+	lost(t, s, "the set at Close")
+	require.ErrorIs(t, s.Err(), tenace.ErrLeaseLost)
+	for i, l := range s.Leases() {
+		lost(t, l.(tenace.LosableLease), "the lease of "+keys[i]+" at Close")
+	}
+	for _, k := range keys {
+		require.Empty(t, locks(t, srv, k), "key %q once Close returned", k)
+	}
+	require.Equal(t, tenace.LockStats{}, p.Stats())
+}
