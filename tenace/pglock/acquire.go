@@ -103,14 +103,22 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	if err := tenace.ValidateAcquire(key, opts); err != nil {
 		return nil, err
 	}
+	return p.acquire(&call{p: p, ctx: ctx, key: key, opts: opts})
+}
+
+// acquire runs c, whose input is checked (Acquire, AcquireSet): unless ctx
+// ended or the provider is closed, it counts c's keys as waited for, waits
+// for a connection slot within c's Timeout and ctx, and runs c on it.
+func (p *Provider) acquire(c *call) (tenace.LockLease, error) {
+	ctx, opts := c.ctx, c.opts
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	if p.closed.Err() != nil {
 		return nil, p.closedErr()
 	}
-	p.queue(key, 1)
-	defer p.queue(key, -1)
+	c.queue(1)
+	defer c.queue(-1)
 
 	// base ends with ctx or the provider's Close; wctx with the Timeout
 	// too.
@@ -118,8 +126,7 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	defer bcancel(nil)
 	stop := context.AfterFunc(p.closed, func() { bcancel(tenace.ErrProviderClosed) })
 	defer stop()
-	c := &call{p: p, ctx: ctx, key: key, opts: opts,
-		bounded: opts.Timeout > 0 && clock.IsSystem(opts.Clock), deadline: time.Now().Add(opts.Timeout)}
+	c.bounded, c.deadline = opts.Timeout > 0 && clock.IsSystem(opts.Clock), time.Now().Add(opts.Timeout)
 	wctx, cancel := tenace.AcquireContext(base, opts)
 	defer cancel()
 	c.wctx = wctx
@@ -134,10 +141,10 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 		select {
 		case p.slots <- struct{}{}:
 		case <-wctx.Done():
-			if tenace.TimedOut(ctx, wctx) && !p.keyBusy(key) {
+			if tenace.TimedOut(ctx, wctx) && !c.busy() {
 				// Not the key's contention: nobody in this process holds
 				// or waits for it, and the server was never asked.
-				return nil, fmt.Errorf("%w (no connection freed for %s within its %v Timeout; WithMaxConns %d)", ErrPoolExhausted, keyfmt.Quote(key), opts.Timeout, p.maxConns)
+				return nil, fmt.Errorf("%w (no connection freed for %s within its %v Timeout; WithMaxConns %d)", ErrPoolExhausted, c.name(), opts.Timeout, p.maxConns)
 			}
 			return c.waitEnded(true)
 		}
@@ -166,7 +173,8 @@ type call struct {
 	p        *Provider
 	ctx      context.Context // the caller's
 	wctx     context.Context
-	key      string
+	key      string   // the key; a set's first (see set.go)
+	keys     []string // a set's keys, sorted; nil for one key (Acquire)
 	opts     tenace.LockAcquireOptions
 	bounded  bool      // a Timeout on the system clock: the server keeps it
 	deadline time.Time // the Timeout's end, when bounded
@@ -239,6 +247,13 @@ func (c *call) runBounded() (tenace.LockLease, error) {
 	defer t.Stop()
 	select {
 	case r := <-res:
+		if r.lease == nil && r.err == nil {
+			// The server's "held" comes up to verdictLead early: the
+			// caller hears it at its Timeout, not before, unless ctx ends
+			// or the provider closes first (then that is the answer, as
+			// it would have been had the server waited).
+			return nil, c.untilDeadline()
+		}
 		return r.lease, r.err
 	case <-t.C:
 	}
@@ -253,6 +268,23 @@ func (c *call) runBounded() (tenace.LockLease, error) {
 		return nil, p.closedErr()
 	}
 	return c.unanswered()
+}
+
+// untilDeadline waits until c's Timeout has passed and returns nil; or
+// ctx's error if ctx ends first, the closed error if the provider closes.
+func (c *call) untilDeadline() error {
+	if d := time.Until(c.deadline); d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-c.ctx.Done():
+			return c.ctx.Err()
+		case <-c.p.closed.Done():
+			return c.p.closedErr()
+		}
+	}
+	return nil
 }
 
 // run connects and locks, within wctx; it owns the call's connection slot.
@@ -273,19 +305,28 @@ func (c *call) run() (l tenace.LockLease, err error) {
 
 // lock runs the acquire statement on conn, which it owns from here: it
 // either becomes the lease's, goes back to the pool holding nothing, or is
-// discarded.
+// discarded. For a set it runs the statement for each key in turn, in
+// sorted order, on the one connection, and only once every key is locked
+// is the set granted; whenever it stops short, the keys locked so far are
+// unlocked with the rest (giveBack, unlockAll) or the session ended
+// (discard).
 func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ error) {
 	p, key := c.p, c.key
 	registered, reconnected := false, false
+	var got []setGrant // a set's keys locked so far; nil for one key
 	for {
+		if c.keys != nil {
+			key = c.keys[len(got)]
+		}
 		if c.state.Load() == callAbandoned {
-			// Acquire has left (see runBounded): ask nothing more. The
-			// connection holds nothing, and no cancel was sent on it.
-			conn.Release()
+			// Acquire has left (see runBounded): ask nothing more. No
+			// cancel was sent on the connection, which holds nothing but
+			// a set's keys locked so far.
+			p.giveBack(conn, got)
 			return nil, false, nil
 		}
 		c.phase.Store(phaseLocking)
-		sql, args := c.statement()
+		sql, args := c.statement(key)
 		var id *int32
 		var locked bool
 		var fence *int64
@@ -297,7 +338,8 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 		case isLockTimeout(err):
 			// The server's verdict: the key stayed held (or queued for)
 			// until the bound it was given. The wait failed on the
-			// server, so the session holds nothing, and, unless the
+			// server, so the session holds nothing new (a set keeps the keys
+			// locked before this one), and, unless the
 			// call's context ended meanwhile, no cancel was sent: the
 			// connection is as good as new.
 			if c.wctx.Err() != nil {
@@ -314,7 +356,7 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 				// moments still grants.
 				continue
 			}
-			conn.Release()
+			p.giveBack(conn, got)
 			return nil, false, nil
 		case err != nil:
 			// Unknown outcome: the statement may have taken the lock
@@ -323,7 +365,7 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 			dead := conn.Conn().IsClosed()
 			p.unlockAll(conn)
 			discard(conn)
-			if !dead || reconnected || c.wctx.Err() != nil || p.closed.Err() != nil {
+			if !dead || reconnected || got != nil || c.wctx.Err() != nil || p.closed.Err() != nil {
 				l, err := c.failed(fmt.Errorf("pglock: acquiring %s: %w", keyfmt.Quote(key), err), answered(err))
 				return l, false, err
 			}
@@ -345,7 +387,7 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 			// it. Whatever it found (granted, tried and refused, a key
 			// without a row), the call gave up: give back anything the
 			// session holds, and the connection too (see discard).
-			if locked {
+			if locked || got != nil {
 				p.unlockAll(conn)
 			}
 			discard(conn)
@@ -368,16 +410,27 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 			registered = true
 			continue
 		case id == nil:
-			conn.Release()
+			p.giveBack(conn, got)
 			return nil, false, fmt.Errorf("pglock: the key %s vanished from %s as it was registered; is something deleting its rows?", keyfmt.Quote(key), p.table)
 		case !locked:
-			// The try failed: the session holds nothing.
-			conn.Release()
+			// The try failed: the session holds nothing (but a set's
+			// keys locked so far).
+			p.giveBack(conn, got)
 			return nil, false, nil
 		case fence == nil && p.fencing:
 			p.unlockAll(conn)
 			discard(conn)
 			return nil, false, fmt.Errorf("pglock: the row of key %s vanished from %s while it was locked; rows must never be deleted", keyfmt.Quote(key), p.table)
+		}
+		var token uint64
+		if fence != nil {
+			token = uint64(*fence)
+		}
+		if c.keys != nil {
+			got = append(got, setGrant{key: key, id: *id, token: token})
+			if registered = false; len(got) < len(c.keys) {
+				continue
+			}
 		}
 		if !c.state.CompareAndSwap(callRunning, callClaimed) {
 			// Acquire left without waiting for this grant (see
@@ -386,27 +439,28 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 			discard(conn)
 			return nil, false, nil
 		}
-		var token uint64
-		if fence != nil {
-			token = uint64(*fence)
+		if c.keys != nil {
+			l, err := p.grantSet(conn, got, c.opts)
+			return l, true, err
 		}
 		l, err := p.grant(conn, key, *id, token, c.opts)
 		return l, true, err
 	}
 }
 
-// statement returns the acquire statement for c and its arguments: the try
-// for NoWait; with a bound on the server (see lockTimeout) when c is
-// bounded; else the plain wait, which only ctx and the Timeout's cancel end.
-func (c *call) statement() (string, []any) {
+// statement returns the acquire statement for key (c's, or one of its
+// set's) and its arguments: the try for NoWait; with a bound on the server
+// (see lockTimeout) when c is bounded, what remains of the Timeout; else
+// the plain wait, which only ctx and the Timeout's cancel end.
+func (c *call) statement(key string) (string, []any) {
 	p := c.p
 	switch {
 	case c.opts.Timeout == tenace.NoWait:
-		return p.tryLockSQL, []any{[]byte(c.key), p.classID}
+		return p.tryLockSQL, []any{[]byte(key), p.classID}
 	case c.bounded:
-		return p.boundedLockSQL, []any{[]byte(c.key), p.classID, lockTimeout(time.Until(c.deadline))}
+		return p.boundedLockSQL, []any{[]byte(key), p.classID, lockTimeout(time.Until(c.deadline))}
 	}
-	return p.lockSQL, []any{[]byte(c.key), p.classID}
+	return p.lockSQL, []any{[]byte(key), p.classID}
 }
 
 // lockTimeout is the server's bound on a wait for the key (lock_timeout,
@@ -546,7 +600,7 @@ func (c *call) waitEnded(answered bool) (tenace.LockLease, error) {
 // server says, but a failure (noReply) — unless a lease of this provider
 // holds the key, which the server did say.
 func (c *call) unanswered() (tenace.LockLease, error) {
-	if c.p.holds(c.key) {
+	if c.held() {
 		return nil, nil
 	}
 	return nil, c.noReply()
@@ -563,5 +617,5 @@ func (c *call) noReply() error {
 	if c.bounded {
 		within += fmt.Sprintf(" and %v more", replyAllowance)
 	}
-	return fmt.Errorf("%w: acquiring %s, %s within %s; retry later, and if it persists, the server is stalled, overloaded or cut off (what was sent is cleaned up in the background)", ErrNoReply, keyfmt.Quote(c.key), asked, within)
+	return fmt.Errorf("%w: acquiring %s, %s within %s; retry later, and if it persists, the server is stalled, overloaded or cut off (what was sent is cleaned up in the background)", ErrNoReply, c.name(), asked, within)
 }

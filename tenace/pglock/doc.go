@@ -230,6 +230,29 @@
 // than a hold ends the session, and the lease is then lost, as above). Use a
 // TTL to bound the hold, and fencing tokens where a late write would harm.
 //
+// # Several keys
+//
+// Provider is a tenace.MultiLockProvider: tenace.AcquireAll and a Lock with
+// LockOptions.Keys call AcquireSet, which takes every key of the set on one
+// connection — one session, one connection slot — in sorted (byte) order,
+// one acquire statement per key, and holds them until Release, which
+// unlocks them all in one statement. The order is the keys', not their
+// lock ids' (ids follow the order keys were first used), so that a set
+// agrees with tenace.AcquireAll's generic path in a process that takes the
+// keys one by one: no two callers wait for each other in a cycle, whatever
+// order they name the keys in. The Timeout and ctx cover the whole set,
+// under the rules of Waiting: each key's wait on the server is bounded by
+// what remains of the Timeout, (nil, nil) is the server's "held", and
+// whenever no lease is returned the keys locked so far are unlocked (or
+// their session ended) first. Each key gets its own fencing token, as a
+// single grant would. The set lives and dies with its session: its
+// connection ending, its TTL or Close loses every key at once (the
+// SetLease's Lost and each key's close together). Stats counts every key
+// of a held set in Held, and a waiting set once in Waiting. No cycle forms
+// between sets, nor with the generic path, of any process; one with a
+// caller that holds a key while it asks for another in its own order can,
+// as between any two such callers: bound those waits with a Timeout.
+//
 // # Errors
 //
 // A failing statement returns its error at once (through a Lock, a

@@ -7,10 +7,17 @@ import (
 )
 
 // BackendPID is the process id of the server backend whose session holds
-// l's lock.
+// l's lock (a set's: the one session of all its keys).
 func BackendPID(l tenace.LockLease) uint32 {
-	if u, ok := l.(unfenced); ok {
-		return u.l.pid
+	switch l := l.(type) {
+	case unfenced:
+		return l.l.pid
+	case setKey:
+		return l.l.pid
+	case fencedSetKey:
+		return l.l.pid
+	case *tenace.SetLease:
+		return BackendPID(l.Leases()[0])
 	}
 	return l.(*lease).pid
 }

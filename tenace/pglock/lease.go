@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"tenace.dev/tenace"
-	"tenace.dev/tenace/internal/keyfmt"
 )
 
 // lease is one grant: the connection whose session holds the advisory lock
@@ -33,7 +32,8 @@ type lease struct {
 	key   string
 	id    int32
 	token uint64
-	pid   uint32 // the backend's process id, for tests and errors
+	set   []setGrant // a set's keys, all locked by the session (set.go); nil for one key
+	pid   uint32     // the backend's process id, for tests and errors
 
 	state     atomic.Int32 // leaseHeld, then leaseReleased or leaseLost
 	stopping  atomic.Bool  // set by the ender before it stops the watcher
@@ -59,17 +59,33 @@ var (
 // which owns conn and its connection slot from here, even when grant
 // fails (the provider was closed meanwhile: the lease ends at once).
 func (p *Provider) grant(conn *pgxpool.Conn, key string, id int32, fence uint64, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
-	l := &lease{p: p, conn: conn, key: key, id: id, token: fence, pid: conn.Conn().PgConn().PID(), watchDone: make(chan struct{})}
+	l := &lease{p: p, conn: conn, key: key, id: id, token: fence}
+	if err := p.hold(l, opts); err != nil {
+		return nil, err
+	}
+	if !p.fencing {
+		return unfenced{l}, nil
+	}
+	return l, nil
+}
+
+// hold makes l, whose session holds its lock (its set's, when l.set is
+// set), a held lease: it starts its watcher, books it with the provider
+// and starts its TTL timer. l owns its conn and connection slot from here,
+// even when hold fails (the provider was closed meanwhile: l ends at once).
+func (p *Provider) hold(l *lease, opts tenace.LockAcquireOptions) error {
+	conn := l.conn
+	l.pid, l.watchDone = conn.Conn().PgConn().PID(), make(chan struct{})
 	l.state.Store(leaseHeld)
-	p.held.Add(1)
+	p.held.Add(l.count())
 	// The watcher runs before anyone can end the lease: an ender waits for
 	// it to stop.
 	go l.watch()
 	p.mu.Lock()
 	if p.isEnded {
 		p.mu.Unlock()
-		l.end(fmt.Errorf("%w: the provider was closed as the lock on %s was granted", tenace.ErrLeaseLost, keyfmt.Quote(key)))
-		return nil, p.closedErr()
+		l.end(fmt.Errorf("%w: the provider was closed as the lock on %s was granted", tenace.ErrLeaseLost, l.name()))
+		return p.closedErr()
 	}
 	p.leases[l] = struct{}{}
 	p.mu.Unlock()
@@ -81,7 +97,7 @@ func (p *Provider) grant(conn *pgxpool.Conn, key string, id int32, fence uint64,
 		// An ender that comes before stopTTL is set finds no timer to stop;
 		// the timer then finds the lease ended and does nothing.
 		expired := func() {
-			l.end(fmt.Errorf("%w: pglock: the lock on %s reached its TTL of %v and was released", tenace.ErrLeaseExpired, keyfmt.Quote(key), ttl))
+			l.end(fmt.Errorf("%w: pglock: the lock on %s reached its TTL of %v and was released", tenace.ErrLeaseExpired, l.name(), ttl))
 		}
 		var stop func() bool
 		if opts.Clock == nil {
@@ -91,10 +107,7 @@ func (p *Provider) grant(conn *pgxpool.Conn, key string, id int32, fence uint64,
 		}
 		l.stopTTL.Store(&stop)
 	}
-	if !p.fencing {
-		return unfenced{l}, nil
-	}
-	return l, nil
+	return nil
 }
 
 // unfenced is a lease of a provider WithoutFencing: it has no Token.
@@ -144,7 +157,7 @@ func (l *lease) Release(ctx context.Context) error {
 			<-l.Lost()
 		}
 		if err := l.Err(); err != nil && l.reportLoss() {
-			return fmt.Errorf("pglock: Release of %s touched nothing: %w", keyfmt.Quote(l.key), err)
+			return fmt.Errorf("pglock: Release of %s touched nothing: %w", l.name(), err)
 		}
 		return nil
 	}
@@ -238,11 +251,11 @@ func (l *lease) finish(ctx context.Context, cause error) error {
 		if cause != nil {
 			return nil
 		}
-		return fmt.Errorf("pglock: Release of %s touched nothing: %w", keyfmt.Quote(l.key), l.Err())
+		return fmt.Errorf("pglock: Release of %s touched nothing: %w", l.name(), l.Err())
 	}
 	_ = l.conn.Conn().PgConn().Conn().SetReadDeadline(time.Time{})
 	var unlocked bool
-	err := l.conn.QueryRow(ctx, `SELECT pg_advisory_unlock($1::int4, $2)`, l.p.classID, l.id).Scan(&unlocked)
+	err := l.unlock(ctx).Scan(&unlocked)
 	if err == nil && !unlocked {
 		err = errors.New("the session did not hold the lock")
 	}
@@ -257,11 +270,11 @@ func (l *lease) finish(ctx context.Context, cause error) error {
 		l.reported.Store(true)
 		l.Lose(l.lostErr(err))
 		discard(l.conn)
-		return fmt.Errorf("pglock: Release of %s could not unlock: %w", keyfmt.Quote(l.key), l.Err())
+		return fmt.Errorf("pglock: Release of %s could not unlock: %w", l.name(), l.Err())
 	}
 	if err != nil {
 		discard(l.conn)
-		return fmt.Errorf("pglock: unlocking %s: %w; its connection was closed instead, which releases the lock when the server ends the session", keyfmt.Quote(l.key), err)
+		return fmt.Errorf("pglock: unlocking %s: %w; its connection was closed instead, which releases the lock when the server ends the session", l.name(), err)
 	}
 	if ctx.Err() != nil {
 		// Unlocked, but ctx ended while the unlock ran: cancel requests
@@ -280,7 +293,7 @@ func (p *Provider) forget(l *lease) {
 	p.mu.Lock()
 	delete(p.leases, l)
 	p.mu.Unlock()
-	p.held.Add(-1)
+	p.held.Add(-l.count())
 	<-p.slots
 }
 
@@ -295,7 +308,7 @@ func connEnded(c *pgxpool.Conn, err error) bool {
 }
 
 func (l *lease) lostErr(err error) error {
-	return fmt.Errorf("%w: pglock: the connection holding the lock on %s (backend %d) ended: %v; the server released the lock with the session, and another caller may hold it now", tenace.ErrLeaseLost, keyfmt.Quote(l.key), l.pid, err)
+	return fmt.Errorf("%w: pglock: the connection holding the lock on %s (backend %d) ended: %v; the server released the lock with the session, and another caller may hold it now", tenace.ErrLeaseLost, l.name(), l.pid, err)
 }
 
 // watch waits on the pinned connection, which is idle while the lock is

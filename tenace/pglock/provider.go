@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"tenace.dev/tenace"
-	"tenace.dev/tenace/internal/keyfmt"
 )
 
 // Defaults.
@@ -128,9 +127,13 @@ func (q *queues) add(key string, d int) {
 	}
 }
 
-func (p *Provider) queue(key string, d int) {
+// queue counts a caller in (d 1) or out (d -1) of Acquire, in the queue of
+// each key it asks for: one key, or a set's.
+func (p *Provider) queue(d int, keys ...string) {
 	p.mu.Lock()
-	p.queues.add(key, d)
+	for _, key := range keys {
+		p.queues.add(key, d)
+	}
 	p.longest.Store(int64(p.queues.longest))
 	p.waiting.Add(int64(d))
 	p.mu.Unlock()
@@ -138,8 +141,9 @@ func (p *Provider) queue(key string, d int) {
 
 // Stats reports the leases held through this provider and the callers
 // waiting in this process (inside Acquire, whether for a connection or on
-// the server's lock queue), and the most of those waiting for one key. It
-// is three atomic loads.
+// the server's lock queue), and the most of those waiting for one key. A
+// set (AcquireSet) counts each of its keys in Held, and once in Waiting, in
+// the queue of each of its keys. It is three atomic loads.
 //
 // A lease counts in Held from its grant until its lock is given back: a
 // Release's unlock; for a lease lost to its TTL or to Close, until the
@@ -388,27 +392,32 @@ func (p *Provider) prepareSQL() {
 	p.registerSQL = `INSERT INTO ` + p.table + ` (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
 }
 
-// keyBusy reports whether another caller of this process holds key or
-// waits for it (the caller asking counts itself in the queue): then a
-// Timeout that passed while waiting for a connection is the key's
+// keyBusy reports whether another caller of this process holds one of
+// keys or waits for it (the caller asking counts itself in the queue):
+// then a Timeout that passed while waiting for a connection is the key's
 // contention, (nil, nil), whatever the pool.
-func (p *Provider) keyBusy(key string) bool {
+func (p *Provider) keyBusy(keys []string) bool {
 	p.mu.Lock()
-	busy := p.queues.perKey[key] > 1
+	busy := false
+	for _, key := range keys {
+		busy = busy || p.queues.perKey[key] > 1
+	}
 	p.mu.Unlock()
-	return busy || p.holds(key)
+	return busy || p.holds(keys)
 }
 
-// holds reports whether a lease of this provider holds key: then a call
-// for key that the server did not answer in time is the key's contention,
-// (nil, nil) — the server said the key is held when it granted that lease,
-// and has not said otherwise since — not ErrNoReply.
-func (p *Provider) holds(key string) bool {
+// holds reports whether a lease of this provider holds one of keys: then a
+// call for them that the server did not answer in time is the key's
+// contention, (nil, nil) — the server said the key is held when it granted
+// that lease, and has not said otherwise since — not ErrNoReply.
+func (p *Provider) holds(keys []string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for l := range p.leases {
-		if l.key == key {
-			return true
+		for _, key := range keys {
+			if l.has(key) {
+				return true
+			}
 		}
 	}
 	return false
@@ -441,7 +450,7 @@ func (p *Provider) Close() error {
 		// other leases' Lost nor their unlock.
 		var wg sync.WaitGroup
 		for _, l := range held {
-			cause := fmt.Errorf("%w: the provider was closed while the lock on %s was held", tenace.ErrLeaseLost, keyfmt.Quote(l.key))
+			cause := fmt.Errorf("%w: the provider was closed while the lock on %s was held", tenace.ErrLeaseLost, l.name())
 			if l.lose(cause) {
 				wg.Go(func() { l.unlockLost(cause) })
 			}
