@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -131,7 +132,7 @@ const grantSlab = 64
 
 // Token is the grant's token: strictly increasing per key, grant after
 // grant.
-func (g *Grant) Token() uint64 { return g.held.token }
+func (g *Grant) Token() uint64 { return g.held.Token() }
 
 // Release ends the grant; a second call changes nothing (it finds the
 // grant no longer current: tokens are never reused). It never waits for
@@ -145,6 +146,8 @@ func (g *Grant) Token() uint64 { return g.held.token }
 //     release makes the sweep due (see [Table.ReapDue]), it wakes the
 //     shard with a reap message, without blocking (if the mailbox is full,
 //     a batch comes next, and the shard checks after every batch).
+//   - A shared grant's release is always a message (the shard counts its
+//     shared holders); a second call finds the grant released.
 //   - When someone waits, the CAS fails and the release is a message on the
 //     shard's mailbox, which the shard applies by granting the oldest
 //     waiter. The send blocks only while the mailbox is full.
@@ -158,6 +161,12 @@ func (g *Grant) Token() uint64 { return g.held.token }
 func (g *Grant) Release() {
 	s := g.shard
 	if s == nil {
+		return
+	}
+	if g.held.Shared() {
+		// A shared grant is released by message only, and only the shard
+		// reads its Held's entry (see Table.ReleaseHeld).
+		_ = s.mb.Send(context.Background(), message{kind: msgReleaseHeld, held: &g.held})
 		return
 	}
 	released, reap := s.table.ReleaseByCAS(&g.held)
@@ -239,21 +248,17 @@ func (s *Shard) handle(batch []message) {
 				s.out = append(s.out, delivery{m.w, reply{kind: replyRefused}})
 			}
 		case msgRelease:
-			if _, next := s.table.Release(m.key, m.token); next != nil {
-				s.grant(next)
-			}
+			_, next := s.table.Release(m.key, m.token)
+			s.grantAll(next)
 		case msgReleaseHeld:
-			if _, next := s.table.ReleaseHeld(m.held); next != nil {
-				s.grant(next)
-			}
+			_, next := s.table.ReleaseHeld(m.held)
+			s.grantAll(next)
 		case msgCancel:
 			removed, next := s.table.Cancel(m.w)
 			if removed {
 				s.out = append(s.out, delivery{m.w, reply{kind: replyCancelled}})
 			}
-			if next != nil {
-				s.grant(next)
-			}
+			s.grantAll(next)
 		case msgSync:
 			// After a barrier, every key freed by CAS before it is gone
 			// from the table.
@@ -290,8 +295,15 @@ func (s *Shard) grant(w *waiter) {
 	}
 	g := &s.grants[0]
 	s.grants = s.grants[1:]
-	g.shard, g.held.lock, g.held.token = s, w.lock, w.token
+	g.shard, g.held = s, w.Held()
 	s.out = append(s.out, delivery{w, reply{kind: replyGranted, grant: g}})
+}
+
+// grantAll grants next and the waiters granted with it (see Waiter.Also).
+func (s *Shard) grantAll(next *waiter) {
+	for ; next != nil; next = next.Also() {
+		s.grant(next)
+	}
 }
 
 // publish stores the waiting counts for Stats; a store only when they
@@ -371,6 +383,23 @@ func (s *Shard) stop() {
 // getWaiter), so every later use of the waiter is a message sent to the
 // same mailbox after the cancel, which it delivers after it.
 func (s *Shard) Acquire(ctx context.Context, key string, mode Mode, timeout <-chan time.Time) (Outcome, error) {
+	return s.acquire(ctx, key, false, 0, mode, timeout)
+}
+
+// AcquireShared is Acquire of one of key's permits: shared with other
+// shared holders, up to permits of them (0: no limit), and never beside an
+// exclusive holder; see [Table], "Shared holders", for the order of grants
+// and the key's permit count. permits must be at least 0 and fit in an
+// int32; it panics otherwise (the caller validates). Its Grant is released
+// by message.
+func (s *Shard) AcquireShared(ctx context.Context, key string, permits int, mode Mode, timeout <-chan time.Time) (Outcome, error) {
+	if permits < 0 || permits > math.MaxInt32 {
+		panic("tenace: shard.AcquireShared: permits out of range")
+	}
+	return s.acquire(ctx, key, true, permits, mode, timeout)
+}
+
+func (s *Shard) acquire(ctx context.Context, key string, shared bool, permits int, mode Mode, timeout <-chan time.Time) (Outcome, error) {
 	kind := msgAcquire
 	switch mode {
 	case Wait:
@@ -380,6 +409,7 @@ func (s *Shard) Acquire(ctx context.Context, key string, mode Mode, timeout <-ch
 		panic("tenace: shard.Acquire: invalid mode")
 	}
 	w := s.getWaiter()
+	w.SetShared(shared, permits)
 	// The timeout bounds the wait for room in a full mailbox too.
 	if err := s.mb.SendWithin(ctx, message{kind: kind, key: key, w: w}, timeout); err != nil {
 		if err != ErrStopped {
@@ -409,7 +439,7 @@ func (s *Shard) Acquire(ctx context.Context, key string, mode Mode, timeout <-ch
 	s.putWaiter(w)
 	switch r.kind {
 	case replyGranted:
-		return Outcome{Granted: true, Token: r.grant.held.token, grant: r.grant}, nil
+		return Outcome{Granted: true, Token: r.grant.Token(), grant: r.grant}, nil
 	case replyRefused:
 		return Outcome{}, nil
 	}
