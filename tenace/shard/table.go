@@ -53,7 +53,7 @@ type Waiter[T any] struct {
 	Value T
 
 	token      uint64
-	lock       *entry[T] // the key's entry, once queued or granted
+	lock       *entry[T]  // the key's entry, once queued or granted
 	prev, next *Waiter[T] // queue links; once granted, next is Also's link
 	state      State
 	shared     bool  // asks for the key shared (see SetShared)
