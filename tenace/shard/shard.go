@@ -75,11 +75,13 @@ const (
 
 // message is the one type on a shard's mailbox; kind says which fields count.
 type message struct {
-	kind  msgKind
-	key   string
-	token uint64
-	w     *waiter
-	held  *Held[chan reply]
+	kind    msgKind
+	shared  bool  // msgAcquire, msgTry: the mode w asks for (see Waiter.SetShared)
+	permits int32 // and its permit count
+	key     string
+	token   uint64
+	w       *waiter
+	held    *Held[chan reply]
 }
 
 // Outcome is the result of [Shard.Acquire] when it returns no error.
@@ -236,12 +238,14 @@ func (s *Shard) handle(batch []message) {
 		m := &batch[i]
 		switch m.kind {
 		case msgAcquire:
+			m.w.SetShared(m.shared, int(m.permits))
 			if s.table.Acquire(m.key, m.w) {
 				s.grant(m.w)
 			} else if s.group.opts.OnQueued != nil {
 				s.queued = append(s.queued, m.key)
 			}
 		case msgTry:
+			m.w.SetShared(m.shared, int(m.permits))
 			if s.table.TryAcquire(m.key, m.w) {
 				s.grant(m.w)
 			} else {
@@ -409,9 +413,12 @@ func (s *Shard) acquire(ctx context.Context, key string, shared bool, permits in
 		panic("tenace: shard.Acquire: invalid mode")
 	}
 	w := s.getWaiter()
-	w.SetShared(shared, permits)
+	// The mode travels in the message, and the shard sets it on w: a pooled
+	// waiter may still have a cancel of its last request ahead in the
+	// mailbox (see withdraw), which reads w's mode of then.
+	m := message{kind: kind, key: key, w: w, shared: shared, permits: int32(permits)}
 	// The timeout bounds the wait for room in a full mailbox too.
-	if err := s.mb.SendWithin(ctx, message{kind: kind, key: key, w: w}, timeout); err != nil {
+	if err := s.mb.SendWithin(ctx, m, timeout); err != nil {
 		if err != ErrStopped {
 			s.putWaiter(w) // never sent: nothing will reply
 		} // else the shard may still reply to it: drop it

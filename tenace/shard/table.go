@@ -62,10 +62,12 @@ type Waiter[T any] struct {
 
 // SetShared sets the mode w asks for: exclusive (shared false, the zero
 // value: the whole key) or shared (one permit of the key's permits; 0
-// means no limit, a reader of a read/write lock). The caller sets it
-// before it hands w to the table; it stays until the next call (a pooled
-// waiter keeps it), so a caller that reuses waiters sets it every time.
-// permits must be at least 0 and fit in an int32; the caller checks.
+// means no limit, a reader of a read/write lock). The table's owner sets
+// it before it hands w to the table, never while the table may still read
+// w (a Granted waiter that may still be passed to Cancel: Cancel reads its
+// mode); it stays until the next call, so an owner that reuses waiters sets
+// it every time. permits must be at least 0 and fit in an int32; the
+// caller checks.
 func (w *Waiter[T]) SetShared(shared bool, permits int) {
 	w.shared, w.permits = shared, int32(permits)
 }
