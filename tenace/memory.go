@@ -171,6 +171,17 @@ func DefaultLockProvider() *MemoryLockProvider { return defaultProvider() }
 // A grant that lands at the moment ctx ends or the timeout passes goes to
 // the next waiter, and Acquire reports the give-up: an error or nil lease
 // always means nothing is held. opts.TTL is ignored: these locks never expire.
+//
+// With opts.Shared, the lease is one of the key's permits (see
+// LockAcquireOptions.Permits): readers of a read/write lock, or the
+// callers of a keyed bulkhead, granted first come, first served with the
+// exclusive callers of the key (see LockOptions.Shared). A shared lease is
+// released by a message to the key's shard, never by the compare-and-swap
+// an exclusive lease uses when nobody waits; its fencing token is its own
+// grant's, and shared holders of one key have distinct tokens (a resource
+// that fences writes should fence only exclusive holders' writes).
+// Negative Permits, or Permits without Shared, is an error wrapping
+// ErrInvalidOption.
 // It panics if p is nil or not made by NewMemoryLockProvider, or if ctx is
 // nil.
 func (p *MemoryLockProvider) Acquire(ctx context.Context, key string, opts LockAcquireOptions) (LockLease, error) {
