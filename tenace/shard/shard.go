@@ -493,7 +493,8 @@ func (s *Shard) withdraw(w *waiter) (passedOn bool) {
 // Sync) is applied after it, because the mailbox is FIFO. The release
 // happens before the grant it lets through: the shard applies it, then sends
 // the next waiter its grant, and that send happens before the waiter's
-// receive. A stale token does nothing. After Stop it does nothing.
+// receive. A stale token does nothing, nor does a shared grant's (release
+// those with Grant.Release). After Stop it does nothing.
 func (s *Shard) Release(key string, token uint64) {
 	// Never gives up on a context: a release that was dropped would leak the
 	// key. It blocks only while the mailbox is full.
