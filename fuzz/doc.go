@@ -4,6 +4,10 @@
 //   - FuzzTable: bytes decode into acquires, tries, releases (current and
 //     stale tokens) and cancels on a shard.Table over a few keys; after every
 //     step the table's invariants and a plain FIFO model must agree.
+//   - FuzzSharedTable: the same with shared requests and permit counts (0
+//     to 3) beside exclusive ones; never more shared holders than permits,
+//     never an exclusive holder beside anyone, FIFO admission, and a shared
+//     grant raced by its cancel gives its permit back.
 //   - FuzzProvider: bytes decode into a concurrent schedule on a
 //     MemoryLockProvider — goroutines that acquire, hold, release, time out,
 //     cancel, race a release against a cancel, and acquire again on

@@ -24,6 +24,8 @@ func inBubble(prop func(*rapid.T)) func(*testing.T, []byte) {
 
 func FuzzTable(f *testing.F) { f.Fuzz(rapid.MakeFuzz(proptest.TableProperty)) }
 
+func FuzzSharedTable(f *testing.F) { f.Fuzz(rapid.MakeFuzz(proptest.SharedTableProperty)) }
+
 func FuzzProvider(f *testing.F) { f.Fuzz(inBubble(proptest.ProviderProperty)) }
 
 func FuzzPolicy(f *testing.F) { f.Fuzz(inBubble(proptest.PolicyProperty)) }

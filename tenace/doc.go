@@ -33,6 +33,8 @@
 //	Timeout   longest wait for the lock       0: as long as ctx allows; NoWait: try once
 //	TTL       longest hold, for providers     0: the provider's default
 //	          whose locks expire
+//	Shared    take the key shared             false: exclusive, the whole key
+//	Permits   shared holders at once          0: any number (read/write); N: a bulkhead
 //
 // The default MemoryLockProvider gives one holder per key, in arrival order,
 // within the process. Every Lock without a Provider shares it, so two
@@ -42,6 +44,17 @@
 // gets a *DeadlockError at once. Give nested locks distinct keys. A set of
 // keys (Keys; AcquireAll for a provider used directly) is granted all or
 // none, in one global order, so sets never deadlock each other.
+//
+// Shared locks: a Lock with Shared takes one of the key's permits, beside
+// other shared holders and never beside an exclusive one. With Permits 0
+// that is a read/write lock per key (readers set Shared, writers do not);
+// with Permits N, at most N callers hold the key at once: a keyed bulkhead
+// ("at most 5 exports per customer"). Grants stay first come, first
+// served: a waiting writer is not overtaken by later readers, and a caller
+// that cannot be admitted keeps those behind it waiting. The provider
+// must implement SharedLockProvider (MemoryLockProvider does); on another,
+// and for a set of keys, the Lock returns an error wrapping
+// ErrInvalidOption instead of taking the key exclusive.
 //
 // The lock is released when the inner steps return, normally, with an
 // error or by panic, with a context that neither the caller's cancellation

@@ -34,6 +34,33 @@ type LockOptions struct {
 	// expire (distributed ones); 0 means the provider's default. Negative is
 	// invalid.
 	TTL time.Duration
+	// Shared takes the key shared: one of its permits, with the other
+	// shared holders, never beside an exclusive holder (Shared false, the
+	// default, takes the whole key). Readers of a read/write lock set
+	// Shared, its writers do not; the callers of a keyed bulkhead all set
+	// Shared and Permits. The provider must implement SharedLockProvider
+	// (MemoryLockProvider does): on another, the call returns an error
+	// wrapping ErrInvalidOption that names the provider, before it asks for
+	// anything. A set (Keys) cannot be shared: an option error.
+	//
+	// Grants are first come, first served: a writer waiting for the key is
+	// not overtaken by readers that come after it, and a caller that
+	// cannot be admitted yet (a writer while readers hold the key, a
+	// shared caller while every permit is taken) keeps those behind it
+	// waiting, as x/sync/semaphore does; letting them pass would let a
+	// stream of readers starve a writer forever. A shared caller does not
+	// take part in deadlock detection between executions (a shared wait
+	// may or may not block, depending on who else waits), and a Lock nested
+	// in one that holds the key still gets a *DeadlockError: a writer
+	// queued between the two would make the inner one wait forever.
+	Shared bool
+	// Permits is the key's permit count for shared holders: 0 lets any
+	// number hold the key at once (read/write), N > 0 at most N (a keyed
+	// bulkhead: "at most 5 exports per customer"). The first shared holder
+	// of a key not held shared sets the count; callers admitted beside it
+	// share that count, whatever they asked for, so give every caller of a
+	// key the same Permits. It needs Shared; negative is invalid.
+	Permits int
 }
 
 // Lock is the step that runs the steps added before it, and fn, while
@@ -145,7 +172,13 @@ func (l *Lock) validate() error {
 	if l.opts.TTL < 0 {
 		return invalidOption("LockOptions.TTL", l.opts.TTL, "use a positive duration, or 0 for the provider's default")
 	}
+	if err := validatePermits("LockOptions", l.opts.Shared, l.opts.Permits); err != nil {
+		return err
+	}
 	if len(l.opts.Keys) > 0 {
+		if l.opts.Shared {
+			return invalidOption("LockOptions.Shared", true, "a set of keys (Keys) is taken exclusive: take shared keys one Lock each, in one order")
+		}
 		if l.opts.Key != "" {
 			return invalidOption("LockOptions.Key", l.opts.Key, "set Key or Keys, not both: put the key in Keys")
 		}
@@ -184,7 +217,12 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	if provider == nil {
 		provider = DefaultLockProvider()
 	}
-	opts := LockAcquireOptions{Timeout: l.opts.Timeout, TTL: l.opts.TTL, Clock: x.Clock()}
+	if l.opts.Shared {
+		if err := refuseShared(provider); err != nil {
+			return err
+		}
+	}
+	opts := LockAcquireOptions{Timeout: l.opts.Timeout, TTL: l.opts.TTL, Clock: x.Clock(), Shared: l.opts.Shared, Permits: l.opts.Permits}
 
 	// Events cost nothing without listeners: no clock read, no Event.
 	observed := x.HasListeners()
@@ -204,7 +242,9 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 			}
 			return d
 		}
-		actx, watch = watchCycles(ctx, outer, provider, key, keys)
+		if !l.opts.Shared {
+			actx, watch = watchCycles(ctx, outer, provider, key, keys)
+		}
 	}
 	var held *heldCtx
 	var lease LockLease

@@ -67,9 +67,10 @@ type MemoryLockProvider struct {
 }
 
 var (
-	_ LockProvider      = (*MemoryLockProvider)(nil)
-	_ MultiLockProvider = (*MemoryLockProvider)(nil)
-	_ StatsProvider     = (*MemoryLockProvider)(nil)
+	_ LockProvider       = (*MemoryLockProvider)(nil)
+	_ MultiLockProvider  = (*MemoryLockProvider)(nil)
+	_ SharedLockProvider = (*MemoryLockProvider)(nil)
+	_ StatsProvider      = (*MemoryLockProvider)(nil)
 )
 
 // MemoryOption configures NewMemoryLockProvider.
@@ -170,6 +171,17 @@ func DefaultLockProvider() *MemoryLockProvider { return defaultProvider() }
 // A grant that lands at the moment ctx ends or the timeout passes goes to
 // the next waiter, and Acquire reports the give-up: an error or nil lease
 // always means nothing is held. opts.TTL is ignored: these locks never expire.
+//
+// With opts.Shared, the lease is one of the key's permits (see
+// LockAcquireOptions.Permits): readers of a read/write lock, or the
+// callers of a keyed bulkhead, granted first come, first served with the
+// exclusive callers of the key (see LockOptions.Shared). A shared lease is
+// released by a message to the key's shard, never by the compare-and-swap
+// an exclusive lease uses when nobody waits; its fencing token is its own
+// grant's, and shared holders of one key have distinct tokens (a resource
+// that fences writes should fence only exclusive holders' writes).
+// Negative Permits, or Permits without Shared, is an error wrapping
+// ErrInvalidOption.
 // It panics if p is nil or not made by NewMemoryLockProvider, or if ctx is
 // nil.
 func (p *MemoryLockProvider) Acquire(ctx context.Context, key string, opts LockAcquireOptions) (LockLease, error) {
@@ -177,7 +189,7 @@ func (p *MemoryLockProvider) Acquire(ctx context.Context, key string, opts LockA
 	// the errors and the timer are in functions of their own, so that the
 	// stack stays within the 2 KiB a goroutine starts with. The checks that
 	// pass are comparisons here: a call less on every acquire.
-	if key == "" || (opts.Timeout < 0 && opts.Timeout != NoWait) || opts.TTL < 0 || ctx == nil || p == nil || p.group == nil || p.closed.Load() {
+	if key == "" || (opts.Timeout < 0 && opts.Timeout != NoWait) || opts.TTL < 0 || (opts.Permits != 0 && (uint(opts.Permits) > maxPermits || !opts.Shared)) || ctx == nil || p == nil || p.group == nil || p.closed.Load() {
 		return nil, p.refuse(ctx, key, &opts)
 	}
 	if err := ctx.Err(); err != nil {
@@ -191,8 +203,7 @@ func (p *MemoryLockProvider) Acquire(ctx context.Context, key string, opts LockA
 		return p.acquireTimeout(ctx, key, opts)
 	}
 	// wait's body, written out: one frame fewer on a waiter's stack.
-	s := p.group.For(key)
-	out, err := s.Acquire(ctx, key, mode, nil)
+	out, err := p.acquire(ctx, key, &opts, mode, nil)
 	if err != nil {
 		if err == shard.ErrStopped { // the shard returns it unwrapped
 			return nil, ErrProviderClosed
@@ -236,19 +247,18 @@ func (p *MemoryLockProvider) acquireTimeout(ctx context.Context, key string, opt
 	if clock.IsSystem(opts.Clock) {
 		t := p.startTimer(opts.Timeout)
 		defer p.stopTimer(t)
-		return p.wait(ctx, key, t.C)
+		return p.wait(ctx, key, &opts, t.C)
 	}
 	ch := make(chan time.Time, 1) // one fire, never blocks the clock
 	stop := opts.Clock.AfterFunc(opts.Timeout, func() { ch <- time.Time{} })
 	defer stop()
-	return p.wait(ctx, key, ch)
+	return p.wait(ctx, key, &opts, ch)
 }
 
 // wait sends the acquire to key's shard and waits for the outcome, or for
 // timeout.
-func (p *MemoryLockProvider) wait(ctx context.Context, key string, timeout <-chan time.Time) (LockLease, error) {
-	s := p.group.For(key)
-	out, err := s.Acquire(ctx, key, shard.Wait, timeout)
+func (p *MemoryLockProvider) wait(ctx context.Context, key string, opts *LockAcquireOptions, timeout <-chan time.Time) (LockLease, error) {
+	out, err := p.acquire(ctx, key, opts, shard.Wait, timeout)
 	if err != nil {
 		if err == shard.ErrStopped { // the shard returns it unwrapped
 			return nil, ErrProviderClosed
@@ -271,6 +281,9 @@ func (p *MemoryLockProvider) wait(ctx context.Context, key string, timeout <-cha
 func (p *MemoryLockProvider) AcquireSet(ctx context.Context, keys []string, opts LockAcquireOptions) (*SetLease, error) {
 	if err := ValidateKeys(keys); err != nil {
 		return nil, err
+	}
+	if opts.Shared || opts.Permits != 0 {
+		return nil, errSharedSet
 	}
 	if (opts.Timeout < 0 && opts.Timeout != NoWait) || opts.TTL < 0 || ctx == nil || p == nil || p.group == nil || p.closed.Load() {
 		return nil, p.refuse(ctx, keys[0], &opts)
@@ -309,6 +322,23 @@ func (p *MemoryLockProvider) AcquireSet(ctx context.Context, keys []string, opts
 // startTimer returns a running timer from the pool. Pooling is safe since
 // Go 1.23's timers (go.mod says 1.25): after Stop, no stale tick is ever
 // received from C (and stopTimer pools only timers whose Stop reported true).
+// acquire asks key's shard for it, exclusive or shared as opts says.
+func (p *MemoryLockProvider) acquire(ctx context.Context, key string, opts *LockAcquireOptions, mode shard.Mode, timeout <-chan time.Time) (shard.Outcome, error) {
+	s := p.group.For(key)
+	if opts.Shared {
+		return s.AcquireShared(ctx, key, opts.Permits, mode, timeout)
+	}
+	return s.Acquire(ctx, key, mode, timeout)
+}
+
+// errSharedSet refuses Shared or Permits on a set of keys.
+var errSharedSet = invalidOption("LockAcquireOptions.Shared", true, "a set of keys is taken exclusive: take shared keys one Lock each, in one order")
+
+// SupportsShared reports true: Acquire honours LockAcquireOptions.Shared
+// and Permits (read/write locks and N permits per key; see
+// SharedLockProvider). Sets (AcquireSet) are exclusive only.
+func (p *MemoryLockProvider) SupportsShared() bool { return true }
+
 func (p *MemoryLockProvider) startTimer(d time.Duration) *time.Timer {
 	if t, ok := p.timers.Get().(*time.Timer); ok {
 		t.Reset(d)

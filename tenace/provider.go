@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -41,6 +42,17 @@ type LockAcquireOptions struct {
 	// one whose server expires the lock (redislock) times TTL in real time,
 	// as the server does, and no test clock moves it.
 	Clock Clock
+	// Shared asks for the key shared: with other shared holders, never
+	// beside an exclusive one (the default, Shared false, takes the whole
+	// key). Only a provider that implements SharedLockProvider supports it;
+	// others refuse it with an error wrapping ErrInvalidOption.
+	Shared bool
+	// Permits is the key's permit count for shared holders: 0 lets any
+	// number hold it at once (the readers of a read/write lock), N > 0 at
+	// most N (a keyed bulkhead). The first shared holder of a key not held
+	// shared sets it; those admitted beside it share it, whatever they
+	// asked for. It needs Shared; negative is invalid.
+	Permits int
 }
 
 // LockLease is one grant of a lock.
@@ -83,7 +95,44 @@ func ValidateAcquire(key string, opts LockAcquireOptions) error {
 	if opts.TTL < 0 {
 		return invalidOption("LockAcquireOptions.TTL", opts.TTL, "use a positive duration, or 0 for the provider's default")
 	}
+	return validatePermits("LockAcquireOptions", opts.Shared, opts.Permits)
+}
+
+// maxPermits is the largest permit count: the in-process table keeps it
+// in 32 bits.
+const maxPermits = math.MaxInt32
+
+// validatePermits checks a Shared and Permits pair of the options named
+// by what.
+func validatePermits(what string, shared bool, permits int) error {
+	switch {
+	case permits < 0 || permits > maxPermits:
+		return invalidOption(what+".Permits", permits, "use 0 for any number of shared holders (read/write), or N > 0 for at most N")
+	case permits > 0 && !shared:
+		return invalidOption(what+".Permits", permits, "permits count shared holders: set Shared too (an exclusive holder takes the whole key)")
+	}
 	return nil
+}
+
+// SharedLockProvider is a LockProvider that supports LockAcquireOptions's
+// Shared and Permits: read/write locks and N permits per key. A provider
+// (or a wrapper around one) that does not implement it, or whose
+// SupportsShared reports false, is refused them by the Lock step, with an
+// error wrapping ErrInvalidOption that names it, never silently taken
+// exclusive.
+type SharedLockProvider interface {
+	LockProvider
+	// SupportsShared reports whether Acquire honours Shared and Permits.
+	SupportsShared() bool
+}
+
+// refuseShared is the Lock step's check that provider supports a shared
+// acquire.
+func refuseShared(provider LockProvider) error {
+	if sp, ok := provider.(SharedLockProvider); ok && sp.SupportsShared() {
+		return nil
+	}
+	return fmt.Errorf("%w: LockOptions.Shared: the lock provider %T does not support shared locks or permits (it does not implement tenace.SharedLockProvider); use a MemoryLockProvider, or take the key exclusive", ErrInvalidOption, provider)
 }
 
 // validateAcquire is ValidateAcquire. MemoryLockProvider.Acquire repeats

@@ -19,8 +19,9 @@
 // in opposite orders, which must never deadlock: through the provider's
 // AcquireSet, or the generic path for a provider without one); and, where the
 // Capabilities say the provider promises them, FIFO, exact statistics,
-// fencing tokens, TTL, the lost-lease signal, Close, and locks shared by
-// provider values on one server.
+// fencing tokens, TTL, the lost-lease signal, Close, locks shared by
+// provider values on one server, and shared locks: read/write and N permits
+// per key.
 //
 // Every provider times a Timeout on LockAcquireOptions.Clock:
 // TimeoutOnClock passes a manual clock set in the real past, which must
@@ -93,6 +94,16 @@ type Capabilities struct {
 	// value to the next, also once the first is closed and a new one made,
 	// as after a restart.
 	Shared bool
+	// ReadWrite: the provider implements tenace.SharedLockProvider and
+	// honours LockAcquireOptions.Shared with Permits 0: readers hold a key
+	// together, a writer (Shared false) alone; with FIFO, a waiting writer
+	// is not overtaken by a reader that arrives after it.
+	ReadWrite bool
+	// Permits: the provider implements tenace.SharedLockProvider and
+	// honours Permits N > 0: never more than N shared holders of a key
+	// (and, with ReadWrite, never a writer beside them), and the permit of
+	// a waiter that timed out or was cancelled comes back.
+	Permits bool
 	// WaitBound is the longest the suite waits for something that must
 	// happen (a grant after a release, a lost signal) before it fails; 0
 	// means 10s.
@@ -143,6 +154,11 @@ func Run(t *testing.T, newProvider func(t *testing.T) tenace.LockProvider, caps 
 		{"StaleReleaseAfterLoss", s.staleRelease, caps.Lose != nil || caps.TTL},
 		{"Close", s.close, caps.Close},
 		{"SharedBetweenProviders", s.shared, caps.Shared},
+		{"SharedLockSupport", s.sharedSupport, caps.ReadWrite || caps.Permits},
+		{"ReadWrite", s.readWrite, caps.ReadWrite},
+		{"ReadWriteFIFO", s.writerNotOvertaken, caps.ReadWrite && caps.FIFO},
+		{"Permits", s.permits, caps.Permits},
+		{"PermitBackAfterGiveUp", s.permitBack, caps.Permits},
 	}
 	for _, tc := range tests {
 		if !tc.need {

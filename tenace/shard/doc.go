@@ -50,6 +50,11 @@
 // never free), a waiter that gives up leaves the queue, and a grant that
 // lands as its waiter gives up passes to the next waiter.
 //
+// Shared holders ([Shard.AcquireShared]) keep the order: a release admits
+// waiters from the head of the queue while they fit, and stops at the
+// first that does not, so a waiting writer is never overtaken by readers
+// that came after it (see [Table], "Shared holders").
+//
 // # Abort during grant
 //
 // A caller gives up (context ended, timeout) at the moment the shard may be

@@ -1,4 +1,4 @@
-//go:build !tenace_mutant_lifo && !tenace_mutant_leakcancel && !tenace_mutant_stalerelease && !tenace_mutant_idlekey && !tenace_mutant_doublegrant && !tenace_mutant_ghostwaiter && !tenace_mutant_casignoreswaiters && !tenace_mutant_reapheld && !tenace_mutant_sharedpool && !tenace_mutant_unordered && !tenace_mutant_partialrelease
+//go:build !tenace_mutant_lifo && !tenace_mutant_leakcancel && !tenace_mutant_stalerelease && !tenace_mutant_idlekey && !tenace_mutant_doublegrant && !tenace_mutant_ghostwaiter && !tenace_mutant_casignoreswaiters && !tenace_mutant_reapheld && !tenace_mutant_sharedpool && !tenace_mutant_unordered && !tenace_mutant_partialrelease && !tenace_mutant_writerbesidereader && !tenace_mutant_leakpermit
 
 package shard
 

@@ -106,3 +106,14 @@ func releaseGranted(grants []*Grant) {
 		grants[i].Release()
 	}
 }
+
+// writerBesideReaders reports that a key held shared admits an exclusive
+// waiter: never.
+// Mutant writerbesidereader: it does, while a permit is free, so a writer
+// holds the key beside its readers.
+func writerBesideReaders() bool { return mutant == "writerbesidereader" }
+
+// givesBackRacedPermit reports that a shared grant its waiter gave up on
+// gives its permit back.
+// Mutant leakpermit: it keeps it, and the key loses a permit for good.
+func givesBackRacedPermit() bool { return mutant != "leakpermit" }

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,11 +75,13 @@ const (
 
 // message is the one type on a shard's mailbox; kind says which fields count.
 type message struct {
-	kind  msgKind
-	key   string
-	token uint64
-	w     *waiter
-	held  *Held[chan reply]
+	kind    msgKind
+	shared  bool  // msgAcquire, msgTry: the mode w asks for (see Waiter.SetShared)
+	permits int32 // and its permit count
+	key     string
+	token   uint64
+	w       *waiter
+	held    *Held[chan reply]
 }
 
 // Outcome is the result of [Shard.Acquire] when it returns no error.
@@ -131,7 +134,7 @@ const grantSlab = 64
 
 // Token is the grant's token: strictly increasing per key, grant after
 // grant.
-func (g *Grant) Token() uint64 { return g.held.token }
+func (g *Grant) Token() uint64 { return g.held.Token() }
 
 // Release ends the grant; a second call changes nothing (it finds the
 // grant no longer current: tokens are never reused). It never waits for
@@ -145,6 +148,8 @@ func (g *Grant) Token() uint64 { return g.held.token }
 //     release makes the sweep due (see [Table.ReapDue]), it wakes the
 //     shard with a reap message, without blocking (if the mailbox is full,
 //     a batch comes next, and the shard checks after every batch).
+//   - A shared grant's release is always a message (the shard counts its
+//     shared holders); a second call finds the grant released.
 //   - When someone waits, the CAS fails and the release is a message on the
 //     shard's mailbox, which the shard applies by granting the oldest
 //     waiter. The send blocks only while the mailbox is full.
@@ -158,6 +163,12 @@ func (g *Grant) Token() uint64 { return g.held.token }
 func (g *Grant) Release() {
 	s := g.shard
 	if s == nil {
+		return
+	}
+	if g.held.Shared() {
+		// A shared grant is released by message only, and only the shard
+		// reads its Held's entry (see Table.ReleaseHeld).
+		_ = s.mb.Send(context.Background(), message{kind: msgReleaseHeld, held: &g.held})
 		return
 	}
 	released, reap := s.table.ReleaseByCAS(&g.held)
@@ -227,33 +238,31 @@ func (s *Shard) handle(batch []message) {
 		m := &batch[i]
 		switch m.kind {
 		case msgAcquire:
+			m.w.SetShared(m.shared, int(m.permits))
 			if s.table.Acquire(m.key, m.w) {
 				s.grant(m.w)
 			} else if s.group.opts.OnQueued != nil {
 				s.queued = append(s.queued, m.key)
 			}
 		case msgTry:
+			m.w.SetShared(m.shared, int(m.permits))
 			if s.table.TryAcquire(m.key, m.w) {
 				s.grant(m.w)
 			} else {
 				s.out = append(s.out, delivery{m.w, reply{kind: replyRefused}})
 			}
 		case msgRelease:
-			if _, next := s.table.Release(m.key, m.token); next != nil {
-				s.grant(next)
-			}
+			_, next := s.table.Release(m.key, m.token)
+			s.grantAll(next)
 		case msgReleaseHeld:
-			if _, next := s.table.ReleaseHeld(m.held); next != nil {
-				s.grant(next)
-			}
+			_, next := s.table.ReleaseHeld(m.held)
+			s.grantAll(next)
 		case msgCancel:
 			removed, next := s.table.Cancel(m.w)
 			if removed {
 				s.out = append(s.out, delivery{m.w, reply{kind: replyCancelled}})
 			}
-			if next != nil {
-				s.grant(next)
-			}
+			s.grantAll(next)
 		case msgSync:
 			// After a barrier, every key freed by CAS before it is gone
 			// from the table.
@@ -290,8 +299,15 @@ func (s *Shard) grant(w *waiter) {
 	}
 	g := &s.grants[0]
 	s.grants = s.grants[1:]
-	g.shard, g.held.lock, g.held.token = s, w.lock, w.token
+	g.shard, g.held = s, w.Held()
 	s.out = append(s.out, delivery{w, reply{kind: replyGranted, grant: g}})
+}
+
+// grantAll grants next and the waiters granted with it (see Waiter.Also).
+func (s *Shard) grantAll(next *waiter) {
+	for ; next != nil; next = next.Also() {
+		s.grant(next)
+	}
 }
 
 // publish stores the waiting counts for Stats; a store only when they
@@ -371,6 +387,23 @@ func (s *Shard) stop() {
 // getWaiter), so every later use of the waiter is a message sent to the
 // same mailbox after the cancel, which it delivers after it.
 func (s *Shard) Acquire(ctx context.Context, key string, mode Mode, timeout <-chan time.Time) (Outcome, error) {
+	return s.acquire(ctx, key, false, 0, mode, timeout)
+}
+
+// AcquireShared is Acquire of one of key's permits: shared with other
+// shared holders, up to permits of them (0: no limit), and never beside an
+// exclusive holder; see [Table], "Shared holders", for the order of grants
+// and the key's permit count. permits must be at least 0 and fit in an
+// int32; it panics otherwise (the caller validates). Its Grant is released
+// by message.
+func (s *Shard) AcquireShared(ctx context.Context, key string, permits int, mode Mode, timeout <-chan time.Time) (Outcome, error) {
+	if permits < 0 || permits > math.MaxInt32 {
+		panic("tenace: shard.AcquireShared: permits out of range")
+	}
+	return s.acquire(ctx, key, true, permits, mode, timeout)
+}
+
+func (s *Shard) acquire(ctx context.Context, key string, shared bool, permits int, mode Mode, timeout <-chan time.Time) (Outcome, error) {
 	kind := msgAcquire
 	switch mode {
 	case Wait:
@@ -380,8 +413,12 @@ func (s *Shard) Acquire(ctx context.Context, key string, mode Mode, timeout <-ch
 		panic("tenace: shard.Acquire: invalid mode")
 	}
 	w := s.getWaiter()
+	// The mode travels in the message, and the shard sets it on w: a pooled
+	// waiter may still have a cancel of its last request ahead in the
+	// mailbox (see withdraw), which reads w's mode of then.
+	m := message{kind: kind, key: key, w: w, shared: shared, permits: int32(permits)}
 	// The timeout bounds the wait for room in a full mailbox too.
-	if err := s.mb.SendWithin(ctx, message{kind: kind, key: key, w: w}, timeout); err != nil {
+	if err := s.mb.SendWithin(ctx, m, timeout); err != nil {
 		if err != ErrStopped {
 			s.putWaiter(w) // never sent: nothing will reply
 		} // else the shard may still reply to it: drop it
@@ -409,7 +446,7 @@ func (s *Shard) Acquire(ctx context.Context, key string, mode Mode, timeout <-ch
 	s.putWaiter(w)
 	switch r.kind {
 	case replyGranted:
-		return Outcome{Granted: true, Token: r.grant.held.token, grant: r.grant}, nil
+		return Outcome{Granted: true, Token: r.grant.Token(), grant: r.grant}, nil
 	case replyRefused:
 		return Outcome{}, nil
 	}
@@ -456,7 +493,8 @@ func (s *Shard) withdraw(w *waiter) (passedOn bool) {
 // Sync) is applied after it, because the mailbox is FIFO. The release
 // happens before the grant it lets through: the shard applies it, then sends
 // the next waiter its grant, and that send happens before the waiter's
-// receive. A stale token does nothing. After Stop it does nothing.
+// receive. A stale token does nothing, nor does a shared grant's (release
+// those with Grant.Release). After Stop it does nothing.
 func (s *Shard) Release(key string, token uint64) {
 	// Never gives up on a context: a release that was dropped would leak the
 	// key. It blocks only while the mailbox is full.

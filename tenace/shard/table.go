@@ -53,9 +53,35 @@ type Waiter[T any] struct {
 	Value T
 
 	token      uint64
-	lock       *entry[T] // the key's entry, once queued or granted
-	prev, next *Waiter[T]
+	lock       *entry[T]  // the key's entry, once queued or granted
+	prev, next *Waiter[T] // queue links; once granted, next is Also's link
 	state      State
+	shared     bool  // asks for the key shared (see SetShared)
+	permits    int32 // the permit count it asks for, when shared
+}
+
+// SetShared sets the mode w asks for: exclusive (shared false, the zero
+// value: the whole key) or shared (one permit of the key's permits; 0
+// means no limit, a reader of a read/write lock). The table's owner sets
+// it before it hands w to the table, never while the table may still read
+// w (a Granted waiter that may still be passed to Cancel: Cancel reads its
+// mode); it stays until the next call, so an owner that reuses waiters sets
+// it every time. permits must be at least 0 and fit in an int32; the
+// caller checks.
+func (w *Waiter[T]) SetShared(shared bool, permits int) {
+	w.shared, w.permits = shared, int32(permits)
+}
+
+// Also is the next waiter granted in the same step as w, when a release
+// or cancel admitted several shared waiters at once: a caller handed a
+// granted waiter by Release, ReleaseHeld or Cancel walks
+// for w := next; w != nil; w = w.Also(). Valid only until any of those
+// waiters is handed to the table again.
+func (w *Waiter[T]) Also() *Waiter[T] {
+	if w.state != Granted {
+		return nil
+	}
+	return w.next
 }
 
 // Token is the grant token the table gave the waiter when it arrived.
@@ -72,11 +98,28 @@ type Held[T any] struct {
 }
 
 // Held returns the grant w holds, for its holder to release; valid once w is
-// Granted.
-func (w *Waiter[T]) Held() Held[T] { return Held[T]{lock: w.lock, token: w.token} }
+// Granted. A shared grant's Held is marked released in place by
+// [Table.ReleaseHeld]: keep one *Held per shared grant and release through
+// it (a copy released again would give back a second permit).
+func (w *Waiter[T]) Held() Held[T] {
+	if w.shared {
+		return Held[T]{lock: w.lock, token: w.token | sharedBit}
+	}
+	return Held[T]{lock: w.lock, token: w.token}
+}
 
 // Token is the grant's token.
-func (h *Held[T]) Token() uint64 { return h.token }
+func (h *Held[T]) Token() uint64 { return h.token &^ sharedBit }
+
+// Shared reports whether h is a shared grant, which is released by message
+// only ([Table.ReleaseHeld]), never by compare-and-swap.
+func (h *Held[T]) Shared() bool { return h.token&sharedBit != 0 }
+
+// sharedBit marks a shared grant's Held token (tokens stay below 2^62). It
+// is set when the Held is made and never changes, so the holder may read it
+// from any goroutine; a shared Held's lock is the owner's alone (it is
+// cleared when the grant is released: see ReleaseHeld).
+const sharedBit = 1 << 63
 
 // An entry's state word, the one field of the table that goroutines other
 // than the owner touch (see Table, "Release by compare-and-swap"):
@@ -85,11 +128,15 @@ func (h *Held[T]) Token() uint64 { return h.token }
 //	stDead          1          the entry left the table (reaped, drained, or spare)
 //	held(t)         t<<1       grant t holds the key and nobody waits: its holder may CAS it to free
 //	contended(t)    t<<1 | 1   grant t holds the key and waiters may queue: only a message frees it
+//	stShared        all ones   shared holders (entry.shared of them) hold the key: only messages free it
 //
-// Tokens start at 1, so no held or contended word equals stFree or stDead.
+// Tokens start at 1 and stay below 2^62, so no held or contended word equals
+// stFree, stDead or stShared; stShared has the contended bit, so no
+// exclusive holder's CAS matches it.
 const (
-	stFree uint64 = 0
-	stDead uint64 = 1
+	stFree   uint64 = 0
+	stDead   uint64 = 1
+	stShared uint64 = ^uint64(0)
 )
 
 func held(token uint64) uint64      { return token << 1 }
@@ -104,7 +151,9 @@ type entry[T any] struct {
 	key        string
 	head, tail *Waiter[T] // FIFO queue, oldest first
 	waiting    int
-	idx        int // where the entry is in Table.all
+	idx        int32 // where the entry is in Table.all
+	shared     int32 // shared holders, when the word is stShared
+	permits    int32 // their permit count (0: no limit), set by the first of them
 }
 
 // Table is one shard's lock table: a deterministic state machine. It has no
@@ -180,6 +229,33 @@ type entry[T any] struct {
 //     every token is at most the last one handed out.
 //  4. Every queued waiter has state Queued and the entry of the queue it is
 //     in; the queue's links and counts agree.
+//  5. A key held shared has at least one shared holder and no more than its
+//     permits (when limited), and its queue's head is one it cannot admit
+//     (an exclusive waiter, or a shared one while every permit is taken);
+//     a key not held shared counts no shared holder.
+//
+// # Shared holders
+//
+// A waiter may ask for its key shared ([Waiter.SetShared]): it then takes
+// one of the key's permits, and shared holders hold the key together — any
+// number of them when the permit count is 0 (the readers of a read/write
+// lock), at most that many otherwise (a keyed bulkhead). An exclusive
+// waiter takes the whole key, as before. The first shared holder of a key
+// not held shared sets the count; those admitted beside it share it,
+// whatever count they asked for. Shared holders release by message only
+// (ReleaseHeld): the word of a key held shared is stShared, which no CAS
+// matches, and the entry counts them.
+//
+// Admission stays first come, first served: a waiter is granted at once
+// only when nobody waits for the key, and a release or cancel admits
+// waiters from the head of the queue while they fit, stopping at the first
+// that does not (a writer while readers hold the key, a reader while the
+// permits are all taken). So a waiting writer is not overtaken by readers
+// that arrive after it, and a reader never starves a writer; the price is
+// that a reader behind a waiting writer waits though a permit is free, as
+// x/sync/semaphore makes a small request wait behind a large one — letting
+// it through would let a stream of readers keep the writer waiting
+// forever.
 //
 // Fairness: a key is granted in arrival order — the order in which the table
 // receives the requests, which for the shard goroutine is the order the
@@ -253,14 +329,15 @@ func (t *Table[T]) Acquire(key string, w *Waiter[T]) (granted bool) {
 		return true
 	}
 	s := e.state.Load()
-	if s == stFree {
-		t.grantFree(e, w)
+	if e.head == nil && admits(e, s, w) {
+		// Nobody waits, so w overtakes no one.
+		t.grantFree(e, s, w)
 		return true
 	}
 	if e.head == nil && !isContended(s) && !e.state.CompareAndSwap(s, contended(tokenOfWord(s))) {
 		// The holder freed the key by CAS since the Load: grant w, as
 		// the release came first in the word's order.
-		t.grantFree(e, w)
+		t.grantFree(e, stFree, w)
 		return true
 	}
 	// The word is contended now: the holder's CAS fails from here on, and
@@ -276,7 +353,8 @@ func (t *Table[T]) Acquire(key string, w *Waiter[T]) (granted bool) {
 	return false
 }
 
-// TryAcquire grants w if key is free and refuses it otherwise; w never queues.
+// TryAcquire grants w if Acquire would grant it at once, and refuses it
+// otherwise; w never queues.
 func (t *Table[T]) TryAcquire(key string, w *Waiter[T]) (granted bool) {
 	t.arrive(w)
 	e := t.entries[key]
@@ -284,8 +362,12 @@ func (t *Table[T]) TryAcquire(key string, w *Waiter[T]) (granted bool) {
 		t.grantNew(key, w)
 		return true
 	}
-	if s := e.state.Load(); s == stFree || !refusesHeld() {
-		t.grantFree(e, w)
+	if s := e.state.Load(); e.head == nil && admits(e, s, w) {
+		t.grantFree(e, s, w)
+		return true
+	}
+	if !refusesHeld() {
+		t.grantFree(e, stFree, w)
 		return true
 	}
 	w.state = Refused
@@ -301,20 +383,55 @@ func (t *Table[T]) grantNew(key string, w *Waiter[T]) {
 	} else {
 		e = new(entry[T])
 	}
-	e.key, e.idx = key, len(t.all)
+	e.key, e.idx = key, int32(len(t.all))
 	t.entries[key] = e
 	t.all = append(t.all, e)
 	t.mapped.Store(int64(len(t.all)))
 	t.peak = max(t.peak, len(t.entries))
-	t.grantFree(e, w)
+	t.grantFree(e, stFree, w)
 }
 
-// grantFree grants free entry e to w. A plain store is enough: only the
-// owner moves a word out of free, and no releaser's CAS matches free.
-func (t *Table[T]) grantFree(e *entry[T], w *Waiter[T]) {
-	e.state.Store(held(w.token))
-	t.held.Add(1)
+// grantFree grants e, whose word is s and which admits w, to w, which
+// nobody waits before: a free key, or one more shared holder.
+func (t *Table[T]) grantFree(e *entry[T], s uint64, w *Waiter[T]) {
+	if s == stFree {
+		t.held.Add(1)
+	}
+	t.grant(e, w, s != stShared)
+}
+
+// grant makes w a holder of e: when vacant (nobody holds e, or its holder
+// is done) its first holder, else one more shared holder. Plain stores are
+// enough: only the owner moves a word out of free, writes a contended or
+// shared word, or an entry's counts; no releaser's CAS matches free,
+// contended or shared.
+func (t *Table[T]) grant(e *entry[T], w *Waiter[T], vacant bool) {
+	switch {
+	case w.shared:
+		if vacant {
+			// The first shared holder sets the key's permit count;
+			// those admitted beside it share it.
+			e.state.Store(stShared)
+			e.shared, e.permits = 0, w.permits
+		}
+		e.shared++
+	case e.head == nil:
+		e.state.Store(held(w.token))
+	default:
+		e.state.Store(contended(w.token))
+	}
 	w.state, w.lock = Granted, e
+}
+
+// admits reports whether e, whose word is s, can take w now, had w nobody
+// before it: when e is free; when w is shared, e is held shared and a
+// permit is free. A waiter that it does not admit waits, and so does
+// everyone behind it (see Table, "Shared holders").
+func admits[T any](e *entry[T], s uint64, w *Waiter[T]) bool {
+	if s == stFree {
+		return true
+	}
+	return s == stShared && (w.shared || writerBesideReaders()) && (e.permits == 0 || e.shared < e.permits)
 }
 
 // ReleaseByCAS is the holder's release of h, from any goroutine: one
@@ -331,7 +448,7 @@ func (t *Table[T]) grantFree(e *entry[T], w *Waiter[T]) {
 // that includes this release (the decrement came before the read). Each
 // atomic is used once, never looped on.
 func (t *Table[T]) ReleaseByCAS(h *Held[T]) (released, reap bool) {
-	if h.lock == nil || !h.lock.state.CompareAndSwap(releaseWord(h.lock, h.token), stFree) {
+	if h.token&sharedBit != 0 || h.lock == nil || !h.lock.state.CompareAndSwap(releaseWord(h.lock, h.token), stFree) {
 		return false, false
 	}
 	n := t.held.Add(-1)
@@ -420,7 +537,7 @@ func maps_clone[K comparable, V any](m map[K]V) map[K]V {
 // recycle keeps e, out of the map and dead, for a later key.
 func (t *Table[T]) recycle(e *entry[T]) {
 	e.state.Store(stDead)
-	e.key, e.head, e.tail, e.waiting = "", nil, nil, 0
+	e.key, e.head, e.tail, e.waiting, e.shared, e.permits = "", nil, nil, 0, 0, 0
 	if len(t.spare) < spareMax {
 		t.spare = append(t.spare, e)
 	}
@@ -429,21 +546,42 @@ func (t *Table[T]) recycle(e *entry[T]) {
 // ReleaseHeld is [Table.Release] of the grant h: the message a holder
 // sends when its CAS found waiters. It needs no map lookup: h names the
 // entry, and the entry's word says whether h is still its grant.
+//
+// A shared grant is released this way only: the first call gives its
+// permit back and clears h (a shared Held is marked released in place, so
+// the owner keeps the one *Held of each shared grant), and next is the
+// first of the waiters that admitted, in order (see [Waiter.Also]).
 func (t *Table[T]) ReleaseHeld(h *Held[T]) (released bool, next *Waiter[T]) {
-	if h.lock == nil {
+	e := h.lock
+	if e == nil {
 		return false, nil
 	}
-	s := h.lock.state.Load()
+	s := e.state.Load()
+	if h.token&sharedBit != 0 {
+		if s != stShared {
+			return false, nil // drained
+		}
+		h.lock = nil
+		return true, t.leaveShared(e)
+	}
 	if !isCurrent(s, h.token) {
 		return false, nil
 	}
-	return true, t.handOn(h.lock, s)
+	return true, t.handOn(e, s, true)
 }
 
-// Release ends the grant token on key: the message path, for a holder whose
-// CAS found waiters. If token is the current grant, the key passes to its
-// oldest waiter, returned as next (nil when nobody waits, and the key's
-// entry is removed). A stale or unknown token changes nothing and reports
+// leaveShared ends one shared grant of e and admits whom that lets in.
+func (t *Table[T]) leaveShared(e *entry[T]) *Waiter[T] {
+	e.shared--
+	return t.handOn(e, stShared, e.shared == 0)
+}
+
+// Release ends the exclusive grant token on key: the message path, for a
+// holder whose CAS found waiters. If token is the current grant, the key
+// passes to its oldest waiter, returned as next (nil when nobody waits, and
+// the key's entry is removed; when the oldest waiters are shared, several
+// may be granted: see [Waiter.Also]). A stale or unknown token, or a shared
+// grant's (release those with ReleaseHeld), changes nothing and reports
 // released false.
 func (t *Table[T]) Release(key string, token uint64) (released bool, next *Waiter[T]) {
 	e := t.entries[key]
@@ -454,13 +592,16 @@ func (t *Table[T]) Release(key string, token uint64) (released bool, next *Waite
 	if !isCurrent(s, token) {
 		return false, nil
 	}
-	return true, t.handOn(e, s)
+	return true, t.handOn(e, s, true)
 }
 
-// handOn gives e, whose holder (word s) is done, to its oldest waiter.
-func (t *Table[T]) handOn(e *entry[T], s uint64) *Waiter[T] {
-	w := nextHolder(e)
-	if w == nil {
+// handOn admits e's oldest waiters after its holders changed (word s):
+// vacant when nobody holds e any more. It grants waiters in order while
+// they fit — one exclusive waiter, or shared waiters while permits last —
+// and stops at the first that does not, which keeps its place at the head.
+// It returns the first granted, the others linked behind it (Also).
+func (t *Table[T]) handOn(e *entry[T], s uint64, vacant bool) *Waiter[T] {
+	if vacant && e.head == nil {
 		// Nobody waits. A held (not contended) word's holder may free it by
 		// CAS at this moment only if it is releasing twice; if it did, the
 		// key is free and Reap deletes it.
@@ -470,17 +611,23 @@ func (t *Table[T]) handOn(e *entry[T], s uint64) *Waiter[T] {
 		}
 		return nil
 	}
-	t.unlink(e, w)
-	// A plain store: the word is contended (e had waiters), and nobody but
-	// the owner writes a contended word. The new holder may use CAS when
-	// nobody waits behind it.
-	if e.head == nil {
-		e.state.Store(held(w.token))
-	} else {
-		e.state.Store(contended(w.token))
+	var first, last *Waiter[T]
+	for {
+		w := nextHolder(e)
+		if w == nil || (!vacant && !admits(e, s, w)) {
+			return first
+		}
+		t.unlink(e, w)
+		// The new holder may use CAS when it is exclusive and nobody
+		// waits behind it (see grant).
+		t.grant(e, w, vacant)
+		if first == nil {
+			first = w
+		} else {
+			last.next = w
+		}
+		last, vacant, s = w, false, e.state.Load()
 	}
-	w.state, w.lock = Granted, e
-	return w
 }
 
 // queueGrew and queueShrank keep the waiting counts and the longest queue.
@@ -530,11 +677,14 @@ func (t *Table[T]) unlink(e *entry[T], w *Waiter[T]) {
 //   - Queued: w leaves the queue; removed is true, and w is now Cancelled.
 //     If it was the last waiter, the key is held but no longer contended,
 //     so its holder can release by CAS again.
+//     When the key is held shared, the waiters behind w that it was
+//     blocking are granted now (next, with Also).
 //   - Granted and still the key's holder (the grant landed while the caller
 //     was giving up): the grant passes on as if released; next is the waiter
 //     granted now, if any. This is how an abort during grant never leaks.
 //     The caller never released that grant (it never had a lease), so the
-//     word still names it.
+//     word still names it. A shared grant gives its permit back, and w is
+//     Cancelled.
 //   - otherwise (refused, already cancelled, or its grant already released):
 //     nothing changes.
 func (t *Table[T]) Cancel(w *Waiter[T]) (removed bool, next *Waiter[T]) {
@@ -546,16 +696,31 @@ func (t *Table[T]) Cancel(w *Waiter[T]) (removed bool, next *Waiter[T]) {
 		}
 		e := w.lock
 		t.unlink(e, w)
+		s := e.state.Load()
+		if s == stShared {
+			// w may have been the head that blocked those behind it.
+			return true, t.handOn(e, s, false)
+		}
 		if e.head == nil {
 			// A plain store: nobody but the owner writes a contended word.
-			e.state.Store(held(tokenOfWord(e.state.Load())))
+			e.state.Store(held(tokenOfWord(s)))
 		}
 		return true, nil
 	case Granted:
-		if e := w.lock; e != nil && passesOnRacedGrant() {
-			if s := e.state.Load(); isCurrent(s, w.token) {
-				return false, t.handOn(e, s)
+		e := w.lock
+		if e == nil || !passesOnRacedGrant() {
+			break
+		}
+		s := e.state.Load()
+		if w.shared {
+			// Its Grant was never handed out, so nobody else can end it:
+			// the permit is still taken, unless the table was drained.
+			if s == stShared && givesBackRacedPermit() {
+				w.state = Cancelled // a second Cancel gives back nothing
+				return false, t.leaveShared(e)
 			}
+		} else if isCurrent(s, w.token) {
+			return false, t.handOn(e, s, true)
 		}
 	}
 	return false, nil
@@ -576,17 +741,31 @@ func (t *Table[T]) Waiting() int { return t.waiting }
 // Longest is the number of waiters of the key with the most.
 func (t *Table[T]) Longest() int { return t.longest }
 
-// Holder returns the token of key's current grant.
+// Holder returns the token of key's current exclusive grant; 0 and true
+// when shared holders hold it (see Shared).
 func (t *Table[T]) Holder(key string) (token uint64, held bool) {
 	e := t.entries[key]
 	if e == nil {
 		return 0, false
 	}
 	s := e.state.Load()
-	if s == stFree {
+	switch s {
+	case stFree:
 		return 0, false
+	case stShared:
+		return 0, true
 	}
 	return tokenOfWord(s), true
+}
+
+// Shared returns how many shared holders key has, and their permit count
+// (0: no limit); 0, 0 when it has none.
+func (t *Table[T]) Shared(key string) (holders, permits int) {
+	e := t.entries[key]
+	if e == nil || e.state.Load() != stShared {
+		return 0, 0
+	}
+	return int(e.shared), int(e.permits)
 }
 
 // Queue returns the tokens of key's waiters, oldest first.
@@ -658,10 +837,21 @@ func (t *Table[T]) checkInvariants(quiescent bool) error {
 		if e.head != nil && !isContended(s) {
 			errs = append(errs, fmt.Errorf("invariant 3: key %q has waiters but is not contended", key))
 		}
-		if tokenOfWord(s) > t.last {
+		prevTok, n := tokenOfWord(s), 0
+		if s == stShared {
+			prevTok = 0
+			if e.shared < 1 || (e.permits > 0 && e.shared > e.permits) || e.permits < 0 {
+				errs = append(errs, fmt.Errorf("invariant 5: key %q has %d shared holders of %d permits", key, e.shared, e.permits))
+			}
+			if w := e.head; w != nil && admits(e, s, w) {
+				errs = append(errs, fmt.Errorf("invariant 5: key %q keeps waiter %d that it admits", key, w.token))
+			}
+		} else if e.shared != 0 {
+			errs = append(errs, fmt.Errorf("invariant 5: key %q counts %d shared holders but is not held shared", key, e.shared))
+		}
+		if tokenOfWord(s) > t.last && s != stShared {
 			errs = append(errs, fmt.Errorf("invariant 3: key %q holder token %d > last token %d", key, tokenOfWord(s), t.last))
 		}
-		prevTok, n := tokenOfWord(s), 0
 		var prev *Waiter[T]
 		for w := e.head; w != nil; w = w.next {
 			n++
@@ -699,7 +889,7 @@ func (t *Table[T]) checkInvariants(quiescent bool) error {
 		errs = append(errs, fmt.Errorf("invariant 1: %d entries listed, %d in the map", len(t.all), len(t.entries)))
 	}
 	for i, e := range t.all {
-		if e.idx != i || t.entries[e.key] != e {
+		if int(e.idx) != i || t.entries[e.key] != e {
 			errs = append(errs, fmt.Errorf("invariant 1: listed entry %d (key %q, index %d) is not the map's", i, e.key, e.idx))
 			break
 		}
