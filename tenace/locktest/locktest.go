@@ -159,6 +159,9 @@ func Run(t *testing.T, newProvider func(t *testing.T) tenace.LockProvider, caps 
 		{"ReadWriteFIFO", s.writerNotOvertaken, caps.ReadWrite && caps.FIFO},
 		{"Permits", s.permits, caps.Permits},
 		{"PermitBackAfterGiveUp", s.permitBack, caps.Permits},
+		{"PermitBackAfterLoss", s.permitBackAfterLoss, caps.Permits && caps.Lose != nil},
+		{"ReaderLost", s.readerLost, caps.ReadWrite && caps.Lose != nil},
+		{"SharedRefused", s.sharedRefused, !caps.ReadWrite && !caps.Permits},
 	}
 	for _, tc := range tests {
 		if !tc.need {

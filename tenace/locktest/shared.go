@@ -233,3 +233,82 @@ func (s *suite) eventuallyGranted(t *testing.T, p tenace.LockProvider, key strin
 	}
 	return false
 }
+
+// permitBackAfterLoss (with Lose): the permit of a holder lost from
+// outside (its server-side entry deleted, its session ended, as when its
+// process is killed) comes back: a caller waiting for it is granted within
+// WaitBound, and the lost holder learns of the loss.
+func (s *suite) permitBackAfterLoss(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	const n = 2
+	bulk := tenace.LockAcquireOptions{Shared: true, Permits: n}
+	kept := s.mustAcquire(t, p, key, bulk)
+	lost := s.mustAcquire(t, p, key, bulk)
+	if s.tryShared(t, p, key, bulk) {
+		t.Fatalf("a shared caller was granted beside %d holders of %d permits", n, n)
+	}
+	waiting := bulk
+	waiting.Timeout = s.caps.WaitBound
+	r := acquireAsync(s.ctx(t), p, key, waiting)
+	s.caps.Lose(t, lost)
+	s.waitLost(t, lost, tenace.ErrLeaseLost)
+	got := s.wait(t, r, "the waiter for the lost holder's permit")
+	if got.err != nil || got.lease == nil {
+		t.Fatalf("the waiter for the lost holder's permit: (%v, %v), want a lease", got.lease, got.err)
+	}
+	if s.tryShared(t, p, key, bulk) {
+		t.Fatalf("a shared caller was granted beside %d holders of %d permits, after a loss", n, n)
+	}
+	mustRelease(t, got.lease)
+	mustRelease(t, kept)
+	if err := lost.Release(context.Background()); err != nil && !errors.Is(err, tenace.ErrLeaseLost) {
+		t.Fatalf("Release of the lost holder = %v, want nil or an error wrapping ErrLeaseLost", err)
+	}
+	s.assertFree(t, p, key, "after every holder released or was lost")
+}
+
+// readerLost (with Lose): a writer waiting for a reader that is lost from
+// outside is granted within WaitBound, and a stale Release of the lost
+// reader does not free the writer's key.
+func (s *suite) readerLost(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	reader := s.mustAcquire(t, p, key, optReader)
+	w := acquireAsync(s.ctx(t), p, key, tenace.LockAcquireOptions{Timeout: s.caps.WaitBound})
+	s.caps.Lose(t, reader)
+	s.waitLost(t, reader, tenace.ErrLeaseLost)
+	got := s.wait(t, w, "the writer, after the reader was lost")
+	if got.err != nil || got.lease == nil {
+		t.Fatalf("the writer waiting for a lost reader: (%v, %v), want a lease", got.lease, got.err)
+	}
+	if err := reader.Release(context.Background()); err != nil && !errors.Is(err, tenace.ErrLeaseLost) {
+		t.Fatalf("stale Release of the lost reader = %v, want nil or an error wrapping ErrLeaseLost", err)
+	}
+	if s.tryShared(t, p, key, optTryR) {
+		t.Fatal("a reader was granted beside the writer after the lost reader's stale Release")
+	}
+	mustRelease(t, got.lease)
+	s.assertFree(t, p, key, "after the writer released")
+}
+
+// sharedRefused (a provider that declares neither ReadWrite nor Permits):
+// Acquire with Shared is refused with an error wrapping ErrInvalidOption,
+// never taken exclusive in silence, and the key is left as it was.
+func (s *suite) sharedRefused(t *testing.T) {
+	p := s.newProvider(t)
+	if sp, ok := p.(tenace.SharedLockProvider); ok && sp.SupportsShared() {
+		t.Fatalf("%T reports SupportsShared, but the Capabilities declare neither ReadWrite nor Permits", p)
+	}
+	key := s.key(t)
+	for _, opts := range []tenace.LockAcquireOptions{{Shared: true}, {Shared: true, Permits: 3, Timeout: tenace.NoWait}} {
+		l, err := p.Acquire(s.ctx(t), key, opts)
+		if l != nil {
+			_ = l.Release(context.Background())
+		}
+		if l != nil || !errors.Is(err, tenace.ErrInvalidOption) {
+			t.Errorf("Acquire with %+v = (%v, %v), want (nil, an error wrapping ErrInvalidOption)", opts, l, err)
+		}
+	}
+	s.assertFree(t, p, key, "after refused shared acquires")
+}
