@@ -183,6 +183,9 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	if err := tenace.ValidateAcquire(key, opts); err != nil {
 		return nil, err
 	}
+	if opts.Shared {
+		return nil, fmt.Errorf("%w: LockAcquireOptions.Shared: etcdlock does not support shared locks or permits yet; take the key exclusive, or use a tenace.MemoryLockProvider", tenace.ErrInvalidOption)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

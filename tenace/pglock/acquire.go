@@ -103,6 +103,9 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	if err := tenace.ValidateAcquire(key, opts); err != nil {
 		return nil, err
 	}
+	if opts.Shared {
+		return nil, fmt.Errorf("%w: LockAcquireOptions.Shared: pglock does not support shared locks or permits yet; take the key exclusive, or use a tenace.MemoryLockProvider", tenace.ErrInvalidOption)
+	}
 	return p.acquire(&call{p: p, ctx: ctx, key: key, opts: opts})
 }
 
