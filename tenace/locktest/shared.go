@@ -22,9 +22,9 @@ var (
 	optTryW   = tenace.LockAcquireOptions{Timeout: tenace.NoWait}
 )
 
-// tryShared reports whether a NoWait Acquire with opts is granted now,
+// tryNow reports whether a NoWait Acquire with opts is granted now,
 // and gives the grant back.
-func (s *suite) tryShared(t *testing.T, p tenace.LockProvider, key string, opts tenace.LockAcquireOptions) bool {
+func (s *suite) tryNow(t *testing.T, p tenace.LockProvider, key string, opts tenace.LockAcquireOptions) bool {
 	t.Helper()
 	opts.Timeout = tenace.NoWait
 	l, err := p.Acquire(s.ctx(t), key, opts)
@@ -64,16 +64,16 @@ func (s *suite) readWrite(t *testing.T) {
 	key := s.key(t)
 	r1 := s.mustAcquire(t, p, key, optReader)
 	r2 := s.mustAcquire(t, p, key, optTryR)
-	if s.tryShared(t, p, key, optTryW) {
+	if s.tryNow(t, p, key, optTryW) {
 		t.Fatal("a writer was granted beside two readers")
 	}
 	mustRelease(t, r1)
-	if s.tryShared(t, p, key, optTryW) {
+	if s.tryNow(t, p, key, optTryW) {
 		t.Fatal("a writer was granted beside a reader")
 	}
 	mustRelease(t, r2)
 	w := s.mustAcquire(t, p, key, optTryW)
-	if s.tryShared(t, p, key, optTryR) {
+	if s.tryNow(t, p, key, optTryR) {
 		t.Fatal("a reader was granted beside a writer")
 	}
 	mustRelease(t, w)
@@ -90,7 +90,7 @@ func (s *suite) writerNotOvertaken(t *testing.T) {
 	base := sp.Stats().Waiting
 	w := acquireAsync(s.ctx(t), p, key, tenace.LockAcquireOptions{})
 	s.eventually(t, "the writer queued", func() bool { return sp.Stats().Waiting >= base+1 })
-	if s.tryShared(t, p, key, optTryR) {
+	if s.tryNow(t, p, key, optTryR) {
 		t.Fatal("a reader arriving after a waiting writer was granted before it")
 	}
 	r2 := acquireAsync(s.ctx(t), p, key, optReader)
@@ -124,7 +124,7 @@ func (s *suite) permits(t *testing.T) {
 	for range n {
 		held = append(held, s.mustAcquire(t, p, key, bulk))
 	}
-	if s.tryShared(t, p, key, bulk) {
+	if s.tryNow(t, p, key, bulk) {
 		t.Fatalf("a shared caller was granted beside %d holders of %d permits", n, n)
 	}
 	for _, l := range held {
@@ -227,7 +227,7 @@ func (s *suite) permitBack(t *testing.T) {
 func (s *suite) eventuallyGranted(t *testing.T, p tenace.LockProvider, key string, opts tenace.LockAcquireOptions) bool {
 	t.Helper()
 	for deadline := time.Now().Add(s.caps.WaitBound); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if s.tryShared(t, p, key, opts) {
+		if s.tryNow(t, p, key, opts) {
 			return true
 		}
 	}
@@ -245,7 +245,7 @@ func (s *suite) permitBackAfterLoss(t *testing.T) {
 	bulk := tenace.LockAcquireOptions{Shared: true, Permits: n}
 	kept := s.mustAcquire(t, p, key, bulk)
 	lost := s.mustAcquire(t, p, key, bulk)
-	if s.tryShared(t, p, key, bulk) {
+	if s.tryNow(t, p, key, bulk) {
 		t.Fatalf("a shared caller was granted beside %d holders of %d permits", n, n)
 	}
 	waiting := bulk
@@ -257,7 +257,7 @@ func (s *suite) permitBackAfterLoss(t *testing.T) {
 	if got.err != nil || got.lease == nil {
 		t.Fatalf("the waiter for the lost holder's permit: (%v, %v), want a lease", got.lease, got.err)
 	}
-	if s.tryShared(t, p, key, bulk) {
+	if s.tryNow(t, p, key, bulk) {
 		t.Fatalf("a shared caller was granted beside %d holders of %d permits, after a loss", n, n)
 	}
 	mustRelease(t, got.lease)
@@ -285,7 +285,7 @@ func (s *suite) readerLost(t *testing.T) {
 	if err := reader.Release(context.Background()); err != nil && !errors.Is(err, tenace.ErrLeaseLost) {
 		t.Fatalf("stale Release of the lost reader = %v, want nil or an error wrapping ErrLeaseLost", err)
 	}
-	if s.tryShared(t, p, key, optTryR) {
+	if s.tryNow(t, p, key, optTryR) {
 		t.Fatal("a reader was granted beside the writer after the lost reader's stale Release")
 	}
 	mustRelease(t, got.lease)

@@ -340,16 +340,34 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 		switch {
 		case isLockTimeout(err):
 			// The server's verdict: the key stayed held (or queued for)
-			// until the bound it was given. The wait failed on the
-			// server, so the session holds nothing new (a set keeps the keys
-			// locked before this one), and, unless the
-			// call's context ended meanwhile, no cancel was sent: the
-			// connection is as good as new.
+			// until the bound it was given. Almost always the session
+			// holds nothing new then; but PostgreSQL can grant the lock at
+			// the moment its lock_timeout fires and still fail the
+			// statement with the timeout (ProcSleep keeps the pending
+			// cancel, so that it is reported as a lock timeout), and a
+			// session-level advisory lock outlives the statement's error.
+			// A connection given back to the pool holding the key would
+			// keep it held by nobody, and one waiting again would take it
+			// a second time (advisory locks are reentrant), so that the
+			// lease's Release would leave it held. So the session lets go
+			// of everything it holds; a set starts again from its first
+			// key. Unless the call's context ended meanwhile, no cancel was
+			// sent: the connection is as good as new.
 			if c.wctx.Err() != nil {
 				discard(conn)
 				l, err := c.waitEnded(true)
 				return l, false, err
 			}
+			if _, err := conn.Exec(c.wctx, `SELECT pg_advisory_unlock_all()`); err != nil || c.wctx.Err() != nil {
+				p.unlockAll(conn)
+				discard(conn)
+				if err != nil {
+					err = fmt.Errorf("pglock: acquiring %s: letting go of the session's locks after the server's lock timeout: %w", keyfmt.Quote(key), err)
+				}
+				l, err := c.failed(err, answered(err))
+				return l, false, err
+			}
+			got, registered = nil, false
 			if c.bounded && time.Until(c.deadline) > 0 {
 				// The server's bound ends up to verdictLead before the
 				// Timeout (see lockTimeout), so that its "held" is back
