@@ -92,7 +92,7 @@ func validate(key string, opts tenace.LockAcquireOptions) error {
 		return err
 	}
 	if opts.Shared {
-		return  fmt.Errorf("%w: LockAcquireOptions.Shared: redislock does not support shared locks or permits yet; take the key exclusive, or use a tenace.MemoryLockProvider", tenace.ErrInvalidOption)
+		return fmt.Errorf("%w: LockAcquireOptions.Shared: redislock does not support shared locks or permits yet; take the key exclusive, or use a tenace.MemoryLockProvider", tenace.ErrInvalidOption)
 	}
 	if opts.TTL > 0 && opts.TTL < time.Millisecond {
 		return fmt.Errorf("%w: LockAcquireOptions.TTL is %v; Redis keeps TTLs in whole milliseconds: use 1ms or more, or 0 for the provider's default", tenace.ErrInvalidOption, opts.TTL)
