@@ -37,6 +37,7 @@ var brokenCases = map[string][]string{
 	"deadline-as-timeout": {"ContextEndsWhileWaiting"},
 	"ignores-bad-input":   {"BadInput"},
 	"bad-input-unwrapped": {"BadInput"},
+	"shared-as-exclusive": {"SharedRefused"},
 	// No lease returned: nothing left behind.
 	"leaks-on-cancel":   {"CancelRacingGrant"},
 	"drops-raced-grant": {"CancelRacingGrant"},
@@ -201,6 +202,9 @@ func (p *refProvider) Acquire(ctx context.Context, key string, opts tenace.LockA
 			return nil, errors.New("bad input")
 		}
 		return nil, err
+	}
+	if opts.Shared && p.broken != "shared-as-exclusive" {
+		return nil, fmt.Errorf("%w: the reference provider has no shared locks", tenace.ErrInvalidOption)
 	}
 	closedOnEntry := p.closing.Err() != nil
 	if closedOnEntry && p.broken != "close-still-grants" {
