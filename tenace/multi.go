@@ -9,8 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	tclock "tenace.dev/tenace/clock"
 	"tenace.dev/tenace/internal/keyfmt"
-	"tenace.dev/tenace/policy"
 )
 
 // MultiLockProvider is the optional interface of a provider that grants a
@@ -205,7 +205,7 @@ func acquireInOrder(ctx context.Context, p LockProvider, keys []string, opts Loc
 	}()
 	clock := opts.Clock
 	if clock == nil {
-		clock = policy.SystemClock()
+		clock = tclock.System()
 	}
 	var end time.Time
 	if opts.Timeout > 0 {
