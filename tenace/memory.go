@@ -385,18 +385,29 @@ func (p *MemoryLockProvider) mustBeMade(method string) {
 // Stats reports the provider's locks from the counts the shards publish —
 // atomic loads, no message: Held is Size (the keys held; a key waited for is
 // held), Waiting the callers queued, LongestQueue the most queued for one
-// key. Like Size, it is exact once the shards have applied every message
-// sent before the call, and all zero when idle; it is safe for concurrent
-// use and never waits for a shard.
+// key; and by mode, SharedKeys the keys held shared, SharedHolders their
+// shared leases (the permits in use), SharedWaiting the callers queued for
+// a shared lease. Like Size, it is exact once the shards have applied every
+// message sent before the call — a shared lease's Release is a message, so
+// right after one the shared counts may still include it — and all zero
+// when idle; it is safe for concurrent use and never waits for a shard.
 func (p *MemoryLockProvider) Stats() LockStats {
 	p.mustBeMade("Stats")
 	var st LockStats
 	for i := range p.group.Shards() {
 		s := p.group.Shard(i)
+		held := s.Size()
 		waiting, longest := s.Waiting()
-		st.Held += s.Size()
+		sharedKeys, sharedHolders, sharedWaiting := s.SharedStats()
+		st.Held += held
 		st.Waiting += waiting
 		st.LongestQueue = max(st.LongestQueue, longest)
+		// Size is the table's own count, the others the shard's last
+		// batch's: a shared key freed in the batch running now is off
+		// Size already. The parts never exceed their wholes.
+		st.SharedKeys += min(sharedKeys, held)
+		st.SharedHolders += sharedHolders
+		st.SharedWaiting += min(sharedWaiting, waiting)
 	}
 	return st
 }
