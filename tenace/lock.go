@@ -95,8 +95,9 @@ type LockOptions struct {
 //     ErrInvalidOption) is returned as it is, after EventLockFailed.
 //
 // The events carry the wait, the hold, the fencing token and the error (see
-// the Event... names); they are timed on the policy's clock, which is read
-// only when the policy has listeners.
+// the Event... names), and every one the Lock's mode: Event.Shared and
+// Permits, its LockOptions.Shared and Permits. They are timed on the
+// policy's clock, which is read only when the policy has listeners.
 //
 // A lease that can be lost while held (LosableLease: a distributed lock
 // whose renewal failed, whose connection dropped, or that reached its TTL)
