@@ -64,6 +64,9 @@ func TestEventsAllocateNothing(t *testing.T) {
 		"listener":   lock.OnEvent(func(tenace.Event) {}),
 		"slog":       lock.OnEvent(tenace.LogEvents(slog.New(slog.DiscardHandler))),
 		"slog, text": lock.OnEvent(tenace.LogEvents(slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelDebug})))),
+		// A shared lock's events carry its mode (and slog logs it).
+		"shared, slog": tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Shared: true, Permits: 2}).
+			OnEvent(tenace.LogEvents(slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelDebug})))),
 	} {
 		allocs := testing.AllocsPerRun(1000, func() {
 			_ = pol.Execute(bg, noop, tenace.WithKey("k"))

@@ -110,6 +110,11 @@
 //
 // Every lock.acquiring is followed by exactly one of acquired, rejected,
 // cancelled or failed, so a listener can count the callers waiting now.
+// Every lock event of a Lock with LockOptions.Shared also has Shared, and
+// Permits its LockOptions.Permits: readers and a bulkhead's callers are
+// counted apart from writers. MemoryLockProvider.Stats counts by mode too
+// (LockStats' SharedKeys, SharedHolders — the permits in use — and
+// SharedWaiting).
 // Durations are measured on the policy's clock, and only when the policy
 // has a listener: without one, events cost no clock read and no
 // allocation. A listener that panics: the panic goes on up through

@@ -95,8 +95,9 @@ type LockOptions struct {
 //     ErrInvalidOption) is returned as it is, after EventLockFailed.
 //
 // The events carry the wait, the hold, the fencing token and the error (see
-// the Event... names); they are timed on the policy's clock, which is read
-// only when the policy has listeners.
+// the Event... names), and every one the Lock's mode: Event.Shared and
+// Permits, its LockOptions.Shared and Permits. They are timed on the
+// policy's clock, which is read only when the policy has listeners.
 //
 // A lease that can be lost while held (LosableLease: a distributed lock
 // whose renewal failed, whose connection dropped, or that reached its TTL)
@@ -229,7 +230,7 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	var start time.Time
 	if observed {
 		start = opts.Clock.Now()
-		emitAcquiring(ctx, x, key, start)
+		l.emitAcquiring(ctx, x, key, start)
 	}
 	// The keys the execution holds, from the enclosing Locks: none, and
 	// this is the one ctx.Value a Lock makes before it acquires.
@@ -238,7 +239,7 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	if outer != nil {
 		if d := outer.reentered(provider, key, keys); d != nil {
 			if observed {
-				emitWaitEnd(ctx, x, EventLockRejected, key, start, d)
+				l.emitWaitEnd(ctx, x, EventLockRejected, key, start, d)
 			}
 			return d
 		}
@@ -250,14 +251,14 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	var lease LockLease
 	var err error
 	if observed {
-		lease, err = acquireObserved(ctx, actx, x, provider, key, keys, opts, start)
+		lease, err = l.acquireObserved(ctx, actx, x, provider, key, keys, opts, start)
 	} else {
 		lease, err = acquire(actx, provider, key, keys, opts)
 	}
 	if d := watch.leave(actx); d != nil && lease == nil && ctx.Err() == nil {
 		// The detector ended this wait to break a cycle.
 		if observed {
-			emitWaitEnd(ctx, x, EventLockRejected, key, start, d)
+			l.emitWaitEnd(ctx, x, EventLockRejected, key, start, d)
 		}
 		return d
 	}
@@ -272,12 +273,12 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 		}
 		if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
 			if observed {
-				emitWaitEnd(ctx, x, EventLockCancelled, key, start, err)
+				l.emitWaitEnd(ctx, x, EventLockCancelled, key, start, err)
 			}
 			return err
 		}
 		if observed {
-			emitWaitEnd(ctx, x, EventLockFailed, key, start, err)
+			l.emitWaitEnd(ctx, x, EventLockFailed, key, start, err)
 		}
 		if errors.Is(err, ErrInvalidOption) {
 			// The provider refused an option it bounds more tightly than
@@ -291,13 +292,13 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	if held == nil || held.lease == nil {
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			if observed {
-				emitWaitEnd(ctx, x, EventLockCancelled, key, start, ctxErr)
+				l.emitWaitEnd(ctx, x, EventLockCancelled, key, start, ctxErr)
 			}
 			return ctxErr // a provider may report a ctx that ended as "not granted"
 		}
 		rejected := &LockNotAcquiredError{Key: key, Timeout: l.opts.Timeout}
 		if observed {
-			emitWaitEnd(ctx, x, EventLockRejected, key, start, rejected)
+			l.emitWaitEnd(ctx, x, EventLockRejected, key, start, rejected)
 		}
 		return rejected
 	}
@@ -306,7 +307,7 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 		// when it was cancelled, so fn must not run, and the grant goes back.
 		_ = held.lease.Release(context.WithoutCancel(ctx))
 		if observed {
-			emitWaitEnd(ctx, x, EventLockCancelled, key, start, err)
+			l.emitWaitEnd(ctx, x, EventLockCancelled, key, start, err)
 		}
 		return err
 	}
@@ -316,12 +317,14 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	}
 	// Released in a defer, so that a panic in fn, in an inner step or in a
 	// listener of the acquired event does not leak the lock.
-	defer release(ctx, x, key, held.lease, granted)
+	defer l.release(ctx, x, key, held.lease, granted)
 	if observed {
-		x.Emit(Event{Name: EventLockAcquired, Key: key, Context: ctx, Wait: granted.Sub(start), Token: tokenOf(held.lease)})
+		e := l.event(EventLockAcquired, key, ctx)
+		e.Wait, e.Token = granted.Sub(start), tokenOf(held.lease)
+		x.Emit(e)
 	}
-	if l, ok := held.lease.(LosableLease); ok && l.Lost() != nil {
-		return runWatched(ctx, held, x, key, l, granted, next)
+	if lost, ok := held.lease.(LosableLease); ok && lost.Lost() != nil {
+		return l.runWatched(ctx, held, x, key, lost, granted, next)
 	}
 	return next.Run(held)
 }
@@ -336,7 +339,7 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 // always reported (one a moment after, before the release, may be too).
 // ctx is the Lock's own context, for the event; granted is
 // when the lease was granted (zero without listeners).
-func runWatched(ctx, held context.Context, x policy.Execution, key string, l LosableLease, granted time.Time, next policy.Next) error {
+func (l *Lock) runWatched(ctx, held context.Context, x policy.Execution, key string, lease LosableLease, granted time.Time, next policy.Next) error {
 	inner, cancel := context.WithCancelCause(held)
 	defer cancel(nil)
 	stop := make(chan struct{})
@@ -350,12 +353,13 @@ func runWatched(ctx, held context.Context, x policy.Execution, key string, l Los
 		defer close(done)
 		defer func() { listenerPanic = recover() }()
 		select {
-		case <-l.Lost():
-			err := l.Err()
+		case <-lease.Lost():
+			err := lease.Err()
 			cancel(err)
 			if x.HasListeners() {
-				hold := x.Clock().Now().Sub(granted)
-				x.Emit(Event{Name: EventLockLost, Key: key, Context: ctx, Hold: hold, Token: tokenOf(l), Err: err})
+				e := l.event(EventLockLost, key, ctx)
+				e.Hold, e.Token, e.Err = x.Clock().Now().Sub(granted), tokenOf(lease), err
+				x.Emit(e)
 			}
 		case <-stop:
 		}
@@ -366,7 +370,7 @@ func runWatched(ctx, held context.Context, x policy.Execution, key string, l Los
 		// only case it can take. With both ready, select would choose at
 		// random and drop the loss.
 		select {
-		case <-l.Lost():
+		case <-lease.Lost():
 		default:
 			close(stop)
 		}
@@ -380,7 +384,7 @@ func runWatched(ctx, held context.Context, x policy.Execution, key string, l Los
 
 // release releases lease and emits EventLockReleased; granted is when the
 // lease was granted (zero without listeners).
-func release(ctx context.Context, x policy.Execution, key string, lease LockLease, granted time.Time) {
+func (l *Lock) release(ctx context.Context, x policy.Execution, key string, lease LockLease, granted time.Time) {
 	rctx := ctx
 	if ctx.Done() != nil {
 		// Not ctx: neither the caller's cancel nor its deadline may cut
@@ -395,8 +399,9 @@ func release(ctx context.Context, x policy.Execution, key string, lease LockLeas
 	}
 	err := lease.Release(rctx) // not returned: see Lock; listeners see it
 	if x.HasListeners() {
-		hold := x.Clock().Now().Sub(granted)
-		x.Emit(Event{Name: EventLockReleased, Key: key, Context: ctx, Hold: hold, Token: tokenOf(lease), Err: err})
+		e := l.event(EventLockReleased, key, ctx)
+		e.Hold, e.Token, e.Err = x.Clock().Now().Sub(granted), tokenOf(lease), err
+		x.Emit(e)
 	}
 }
 
@@ -411,14 +416,14 @@ var errAcquiringListener = errors.New("tenace: a listener panicked on " + EventL
 // emitAcquiring emits EventLockAcquiring. If a listener panics on it, the
 // acquire is never made, and the wait every listener has seen begin ends
 // with EventLockFailed (errAcquiringListener) as the panic goes on up.
-func emitAcquiring(ctx context.Context, x policy.Execution, key string, start time.Time) {
+func (l *Lock) emitAcquiring(ctx context.Context, x policy.Execution, key string, start time.Time) {
 	emitted := false
 	defer func() {
 		if !emitted {
-			emitWaitEnd(ctx, x, EventLockFailed, key, start, errAcquiringListener)
+			l.emitWaitEnd(ctx, x, EventLockFailed, key, start, errAcquiringListener)
 		}
 	}()
-	x.Emit(Event{Name: EventLockAcquiring, Key: key, Context: ctx})
+	x.Emit(l.event(EventLockAcquiring, key, ctx))
 	emitted = true
 }
 
@@ -432,11 +437,11 @@ var errProviderPanicked = errors.New("tenace: the lock provider's Acquire panick
 // the events (a gauge of waiters) stays balanced.
 // actx is the context to acquire with (ctx, or one the cycle detector can
 // end).
-func acquireObserved(ctx, actx context.Context, x policy.Execution, provider LockProvider, key string, keys []string, opts LockAcquireOptions, start time.Time) (LockLease, error) {
+func (l *Lock) acquireObserved(ctx, actx context.Context, x policy.Execution, provider LockProvider, key string, keys []string, opts LockAcquireOptions, start time.Time) (LockLease, error) {
 	returned := false
 	defer func() {
 		if !returned {
-			emitWaitEnd(ctx, x, EventLockFailed, key, start, errProviderPanicked)
+			l.emitWaitEnd(ctx, x, EventLockFailed, key, start, errProviderPanicked)
 		}
 	}()
 	lease, err := acquire(actx, provider, key, keys, opts)
@@ -457,8 +462,17 @@ func acquire(ctx context.Context, provider LockProvider, key string, keys []stri
 }
 
 // emitWaitEnd emits name, an event that ends the wait begun at start.
-func emitWaitEnd(ctx context.Context, x policy.Execution, name, key string, start time.Time, err error) {
-	x.Emit(Event{Name: name, Key: key, Context: ctx, Wait: x.Clock().Now().Sub(start), Err: err})
+func (l *Lock) emitWaitEnd(ctx context.Context, x policy.Execution, name, key string, start time.Time, err error) {
+	e := l.event(name, key, ctx)
+	e.Wait, e.Err = x.Clock().Now().Sub(start), err
+	x.Emit(e)
+}
+
+// event is the Lock's event name about key, asked for with ctx: every
+// lock event carries the Lock's mode (Event.Shared and Permits), so that a
+// listener can tell a reader's or a bulkhead's wait from a writer's.
+func (l *Lock) event(name, key string, ctx context.Context) Event {
+	return Event{Name: name, Key: key, Context: ctx, Shared: l.opts.Shared, Permits: l.opts.Permits}
 }
 
 // tokenOf is the lease's fencing token, or 0 if it has none.

@@ -202,8 +202,20 @@ func (p *MemoryLockProvider) Acquire(ctx context.Context, key string, opts LockA
 	case opts.Timeout > 0:
 		return p.acquireTimeout(ctx, key, opts)
 	}
-	// wait's body, written out: one frame fewer on a waiter's stack.
-	out, err := p.acquire(ctx, key, &opts, mode, nil)
+	// wait's body, written out: one frame fewer on a waiter's stack. The
+	// shard's Acquire is inlined here, so an exclusive waiter's stack is
+	// this frame and the shard's, as before shared locks: one frame more
+	// (a helper choosing between the two) took every waiter of the bench
+	// past the 2 KiB a goroutine starts with (bench/README.md, "Shared
+	// locks: cost for exclusive callers").
+	s := p.group.For(key)
+	var out shard.Outcome
+	var err error
+	if opts.Shared {
+		out, err = s.AcquireShared(ctx, key, opts.Permits, mode, nil)
+	} else {
+		out, err = s.Acquire(ctx, key, mode, nil)
+	}
 	if err != nil {
 		if err == shard.ErrStopped { // the shard returns it unwrapped
 			return nil, ErrProviderClosed
@@ -258,7 +270,15 @@ func (p *MemoryLockProvider) acquireTimeout(ctx context.Context, key string, opt
 // wait sends the acquire to key's shard and waits for the outcome, or for
 // timeout.
 func (p *MemoryLockProvider) wait(ctx context.Context, key string, opts *LockAcquireOptions, timeout <-chan time.Time) (LockLease, error) {
-	out, err := p.acquire(ctx, key, opts, shard.Wait, timeout)
+	// The mode's choice written out, as in Acquire, for the same reason.
+	s := p.group.For(key)
+	var out shard.Outcome
+	var err error
+	if opts.Shared {
+		out, err = s.AcquireShared(ctx, key, opts.Permits, shard.Wait, timeout)
+	} else {
+		out, err = s.Acquire(ctx, key, shard.Wait, timeout)
+	}
 	if err != nil {
 		if err == shard.ErrStopped { // the shard returns it unwrapped
 			return nil, ErrProviderClosed
@@ -319,18 +339,6 @@ func (p *MemoryLockProvider) AcquireSet(ctx context.Context, keys []string, opts
 	return NewSetLease(order, leases), nil
 }
 
-// startTimer returns a running timer from the pool. Pooling is safe since
-// Go 1.23's timers (go.mod says 1.25): after Stop, no stale tick is ever
-// received from C (and stopTimer pools only timers whose Stop reported true).
-// acquire asks key's shard for it, exclusive or shared as opts says.
-func (p *MemoryLockProvider) acquire(ctx context.Context, key string, opts *LockAcquireOptions, mode shard.Mode, timeout <-chan time.Time) (shard.Outcome, error) {
-	s := p.group.For(key)
-	if opts.Shared {
-		return s.AcquireShared(ctx, key, opts.Permits, mode, timeout)
-	}
-	return s.Acquire(ctx, key, mode, timeout)
-}
-
 // errSharedSet refuses Shared or Permits on a set of keys.
 var errSharedSet = invalidOption("LockAcquireOptions.Shared", true, "a set of keys is taken exclusive: take shared keys one Lock each, in one order")
 
@@ -339,6 +347,9 @@ var errSharedSet = invalidOption("LockAcquireOptions.Shared", true, "a set of ke
 // SharedLockProvider). Sets (AcquireSet) are exclusive only.
 func (p *MemoryLockProvider) SupportsShared() bool { return true }
 
+// startTimer returns a running timer from the pool. Pooling is safe since
+// Go 1.23's timers (go.mod says 1.25): after Stop, no stale tick is ever
+// received from C (and stopTimer pools only timers whose Stop reported true).
 func (p *MemoryLockProvider) startTimer(d time.Duration) *time.Timer {
 	if t, ok := p.timers.Get().(*time.Timer); ok {
 		t.Reset(d)
@@ -385,18 +396,29 @@ func (p *MemoryLockProvider) mustBeMade(method string) {
 // Stats reports the provider's locks from the counts the shards publish —
 // atomic loads, no message: Held is Size (the keys held; a key waited for is
 // held), Waiting the callers queued, LongestQueue the most queued for one
-// key. Like Size, it is exact once the shards have applied every message
-// sent before the call, and all zero when idle; it is safe for concurrent
-// use and never waits for a shard.
+// key; and by mode, SharedKeys the keys held shared, SharedHolders their
+// shared leases (the permits in use), SharedWaiting the callers queued for
+// a shared lease. Like Size, it is exact once the shards have applied every
+// message sent before the call — a shared lease's Release is a message, so
+// right after one the shared counts may still include it — and all zero
+// when idle; it is safe for concurrent use and never waits for a shard.
 func (p *MemoryLockProvider) Stats() LockStats {
 	p.mustBeMade("Stats")
 	var st LockStats
 	for i := range p.group.Shards() {
 		s := p.group.Shard(i)
+		held := s.Size()
 		waiting, longest := s.Waiting()
-		st.Held += s.Size()
+		sharedKeys, sharedHolders, sharedWaiting := s.SharedStats()
+		st.Held += held
 		st.Waiting += waiting
 		st.LongestQueue = max(st.LongestQueue, longest)
+		// Size is the table's own count, the others the shard's last
+		// batch's: a shared key freed in the batch running now is off
+		// Size already. The parts never exceed their wholes.
+		st.SharedKeys += min(sharedKeys, held)
+		st.SharedHolders += sharedHolders
+		st.SharedWaiting += min(sharedWaiting, waiting)
 	}
 	return st
 }

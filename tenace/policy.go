@@ -26,7 +26,10 @@ type TimeoutError = policy.TimeoutError
 type Strategy = policy.Strategy
 
 // The names of the events the built-in steps emit. Every event has Name,
-// Key and Context; the other Event fields are set as each name says.
+// Key and Context; the other Event fields are set as each name says. Every
+// event of a Lock step whose LockOptions.Shared is set has Shared, and
+// Permits its LockOptions.Permits, so that a listener can count readers'
+// or a bulkhead's waits and holds apart from writers'.
 //
 // A Lock emits EventLockAcquiring once it starts to wait, then exactly one
 // of EventLockAcquired, EventLockRejected, EventLockCancelled or

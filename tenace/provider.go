@@ -256,9 +256,17 @@ func (s *LeaseSignal) Lose(err error) bool {
 }
 
 // LockStats is what a provider knows of its locks. Each count is read on
-// its own, with no lock held across them: while locks change hands the three
+// its own, with no lock held across them: while locks change hands they
 // may come from slightly different moments (a LongestQueue above Waiting,
 // say); when nothing changes, they agree.
+//
+// The Shared... fields count by mode (see LockAcquireOptions.Shared): they
+// are parts of Held and Waiting, so that Held − SharedKeys keys are held
+// exclusive and Waiting − SharedWaiting callers wait to take a key
+// exclusive. A provider that does not count by mode leaves them 0: for
+// now, the distributed providers of this module. MemoryLockProvider counts
+// them exactly, and keeps SharedKeys ≤ Held and SharedWaiting ≤ Waiting at
+// every moment.
 type LockStats struct {
 	// Held is the number of keys held: for a distributed provider, the
 	// leases held through this provider value.
@@ -269,6 +277,16 @@ type LockStats struct {
 	// LongestQueue is the most callers waiting for one key, or 0 when the
 	// provider does not know.
 	LongestQueue int
+	// SharedKeys is the number of keys held shared, by readers of a
+	// read/write lock or the callers of a keyed bulkhead (Held counts
+	// them too).
+	SharedKeys int
+	// SharedHolders is the number of shared leases held, over all keys:
+	// the permits in use. A key held shared has at least one.
+	SharedHolders int
+	// SharedWaiting is the number of callers waiting for a shared lease
+	// (Waiting counts them too).
+	SharedWaiting int
 }
 
 // StatsProvider is the optional interface of a provider that reports

@@ -81,3 +81,32 @@ func ExampleLockOptions_bulkhead() {
 	// third export turned away: true
 	// after they finish: <nil>
 }
+
+// A listener tells a shared Lock's events from an exclusive one's by
+// Event.Shared, and reads a bulkhead's permit count in Event.Permits: here
+// to count, or log, exports and migrations apart.
+func ExampleEvent_shared() {
+	ctx := context.Background()
+	p := tenace.NewMemoryLockProvider()
+	defer p.Close()
+	show := func(e tenace.Event) {
+		mode := "exclusive"
+		if e.Shared {
+			mode = fmt.Sprintf("shared, %d permits", e.Permits)
+		}
+		fmt.Printf("%s %s (%s)\n", e.Name, e.Key, mode)
+	}
+	export := tenace.NewPolicy().OnEvent(show).
+		WithLock(tenace.LockOptions{Provider: p, Key: "export/customer-7", Shared: true, Permits: 2})
+	migrate := tenace.NewPolicy().OnEvent(show).
+		WithLock(tenace.LockOptions{Provider: p, Key: "schema"})
+	_ = export.Execute(ctx, func(context.Context) error { return nil })
+	_ = migrate.Execute(ctx, func(context.Context) error { return nil })
+	// Output:
+	// lock.acquiring export/customer-7 (shared, 2 permits)
+	// lock.acquired export/customer-7 (shared, 2 permits)
+	// lock.released export/customer-7 (shared, 2 permits)
+	// lock.acquiring schema (exclusive)
+	// lock.acquired schema (exclusive)
+	// lock.released schema (exclusive)
+}

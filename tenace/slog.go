@@ -12,11 +12,13 @@ import (
 //
 // The message is the event's name; the attributes are those the event has:
 //
-//	key    string    the lock key (the execution key for timeout); always
-//	wait   duration  how long the acquire waited (events that end a wait)
-//	hold   duration  how long the lock was held (lock.released, lock.lost)
-//	token  uint64    the fencing token, when the lease has one
-//	err    error     Event.Err, when set
+//	key     string    the lock key (the execution key for timeout); always
+//	shared  bool      true, on the events of a shared Lock (Event.Shared)
+//	permits int       Event.Permits, when Shared and not 0
+//	wait    duration  how long the acquire waited (events that end a wait)
+//	hold    duration  how long the lock was held (lock.released, lock.lost)
+//	token   uint64    the fencing token, when the lease has one
+//	err     error     Event.Err, when set
 //
 // Levels: lock.rejected, lock.lost, lock.failed, timeout and a
 // lock.released whose Release failed are logged at Warn — each means work
@@ -43,9 +45,15 @@ func LogEvents(logger *slog.Logger) func(Event) {
 		if !logger.Enabled(ctx, level) {
 			return
 		}
-		// At most five attributes, in an array on the stack.
-		var buf [5]slog.Attr
+		// At most seven attributes, in an array on the stack.
+		var buf [7]slog.Attr
 		attrs := append(buf[:0], slog.String("key", e.Key))
+		if e.Shared {
+			attrs = append(attrs, slog.Bool("shared", true))
+			if e.Permits != 0 {
+				attrs = append(attrs, slog.Int("permits", e.Permits))
+			}
+		}
 		switch e.Name {
 		case EventLockAcquired, EventLockRejected, EventLockCancelled, EventLockFailed:
 			attrs = append(attrs, slog.Duration("wait", e.Wait))

@@ -20,14 +20,14 @@ func TestOtelRunsThePipelineWithAndWithoutTheListenerAndPrintsItsMetrics(t *test
 
 	// The acquisitions the listener counted are the operations the cell ran
 	// (every acquire of the hot scenario succeeds), and nobody waits at the end.
-	acquired := regexp.MustCompile(`tenace\.lock\.acquisitions\s+\(\{acquisition\}\)\s+outcome=acquired\s+(\d+)`).FindStringSubmatch(out.stdout)
+	acquired := regexp.MustCompile(`tenace\.lock\.acquisitions\s+\(\{acquisition\}\)\s+mode=exclusive,outcome=acquired\s+(\d+)`).FindStringSubmatch(out.stdout)
 	require.NotNil(t, acquired, out.stdout)
 	n, err := strconv.Atoi(acquired[1])
 	require.NoError(t, err)
 	require.Positive(t, n)
-	require.Regexp(t, `tenace\.lock\.wait\.duration\s+\(s\)\s+outcome=acquired\s+count `+acquired[1]+` `, out.stdout)
-	require.Regexp(t, `tenace\.lock\.hold\.duration\s+\(s\)\s+-\s+count `+acquired[1]+` `, out.stdout)
-	require.Regexp(t, `tenace\.lock\.waiting\s+\(\{caller\}\)\s+-\s+0\n`, out.stdout)
+	require.Regexp(t, `tenace\.lock\.wait\.duration\s+\(s\)\s+mode=exclusive,outcome=acquired\s+count `+acquired[1]+` `, out.stdout)
+	require.Regexp(t, `tenace\.lock\.hold\.duration\s+\(s\)\s+mode=exclusive\s+count `+acquired[1]+` `, out.stdout)
+	require.Regexp(t, `tenace\.lock\.waiting\s+\(\{caller\}\)\s+mode=exclusive\s+0\n`, out.stdout)
 
 	txt, err := os.ReadFile(filepath.Join(dir, "notes.txt"))
 	require.NoError(t, err)

@@ -59,19 +59,23 @@ func Example() {
 		}
 	}
 	// Output:
-	// tenace.lock.wait.duration (s) outcome=acquired count=1
-	// tenace.lock.wait.duration (s) outcome=rejected count=1
-	// tenace.lock.hold.duration (s) count=1
-	// tenace.lock.acquisitions ({acquisition}) outcome=acquired 1
-	// tenace.lock.acquisitions ({acquisition}) outcome=rejected 1
-	// tenace.lock.waiting ({caller}) 0
+	// tenace.lock.wait.duration (s) mode=exclusive outcome=acquired count=1
+	// tenace.lock.wait.duration (s) mode=exclusive outcome=rejected count=1
+	// tenace.lock.hold.duration (s) mode=exclusive count=1
+	// tenace.lock.acquisitions ({acquisition}) mode=exclusive outcome=acquired 1
+	// tenace.lock.acquisitions ({acquisition}) mode=exclusive outcome=rejected 1
+	// tenace.lock.waiting ({caller}) mode=exclusive 0
 }
 
 func attrs(s attribute.Set) string {
-	if v, ok := s.Value(oteltenace.OutcomeKey); ok {
-		return " outcome=" + v.AsString()
+	var out string
+	if v, ok := s.Value(oteltenace.ModeKey); ok {
+		out += " mode=" + v.AsString()
 	}
-	return ""
+	if v, ok := s.Value(oteltenace.OutcomeKey); ok {
+		out += " outcome=" + v.AsString()
+	}
+	return out
 }
 
 // The listener alone records the metrics, and adds the lock's events to the
@@ -152,4 +156,65 @@ func ExampleWithName() {
 	// span: tenace.execute migrations
 	// tenace.lock.hold.duration name=migrations count=1
 	// tenace.lock.hold.duration name=reports count=2
+}
+
+// A keyed bulkhead, "at most 5 exports per customer": ObserveStats reports
+// its permits in use (tenace.provider.shared.holders), and the lock
+// metrics of its Lock carry mode=shared, apart from the writers' and other
+// exclusive locks' series.
+func ExampleObserveStats_permits() {
+	ctx := context.Background()
+	reader := sdkmetric.NewManualReader()
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = meters.Shutdown(ctx) }()
+	provider := tenace.NewMemoryLockProvider()
+	defer provider.Close()
+	reg, err := oteltenace.ObserveStats(meters, provider)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() { _ = reg.Unregister() }()
+
+	export := tenace.LockOptions{Provider: provider, Key: "exports:customer-42", Shared: true, Permits: 5}
+	for range 2 { // two exports already running
+		l, _ := provider.Acquire(ctx, export.Key, tenace.LockAcquireOptions{Shared: true, Permits: 5})
+		defer func() { _ = l.Release(ctx) }()
+	}
+	p := oteltenace.New(oteltenace.WithMeterProvider(meters)).Instrument(tenace.NewPolicy().WithLock(export))
+	show := func(prefix string) {
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(ctx, &rm); err != nil {
+			log.Fatal(err)
+		}
+		var lines []string
+		for _, m := range rm.ScopeMetrics[0].Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Gauge[int64]:
+				for _, dp := range d.DataPoints {
+					lines = append(lines, fmt.Sprintf("%s%s %d", prefix, m.Name, dp.Value))
+				}
+			case metricdata.Sum[int64]:
+				for _, dp := range d.DataPoints {
+					lines = append(lines, fmt.Sprintf("%s%s%s %d", prefix, m.Name, attrs(dp.Attributes), dp.Value))
+				}
+			}
+		}
+		slices.Sort(lines)
+		for _, l := range lines {
+			fmt.Println(l)
+		}
+	}
+	_ = p.Execute(ctx, func(context.Context) error {
+		show("during the third export: ")
+		return nil
+	})
+	// Output:
+	// during the third export: tenace.lock.acquisitions mode=shared outcome=acquired 1
+	// during the third export: tenace.lock.waiting mode=shared 0
+	// during the third export: tenace.provider.held 1
+	// during the third export: tenace.provider.longest_queue 0
+	// during the third export: tenace.provider.shared.holders 3
+	// during the third export: tenace.provider.shared.keys 1
+	// during the third export: tenace.provider.shared.waiting 0
+	// during the third export: tenace.provider.waiting 0
 }

@@ -60,7 +60,17 @@ func (s *sdk) collect(t *testing.T) map[string]metricdata.Metrics {
 	return out
 }
 
-func outcome(o string) attribute.Set { return attribute.NewSet(oteltenace.OutcomeKey.String(o)) }
+// excl is the mode of an exclusive Lock's measurements, exclusive their
+// attributes without a name or key.
+var (
+	excl      = oteltenace.ModeKey.String("exclusive")
+	exclusive = attribute.NewSet(excl)
+)
+
+// outcome is the attribute set of an exclusive Lock's wait that ended with o.
+func outcome(o string) attribute.Set {
+	return attribute.NewSet(excl, oteltenace.OutcomeKey.String(o))
+}
 
 // histogram returns the data point of a float histogram with the attributes.
 func histogram(t *testing.T, m metricdata.Metrics, attrs attribute.Set) metricdata.HistogramDataPoint[float64] {

@@ -65,14 +65,14 @@ func TestANameLabelsEveryMeasurementAndTheSpan(t *testing.T) {
 
 	m := s.collect(t)
 	wait := m["tenace.lock.wait.duration"]
-	require.Equal(t, uint64(1), histogram(t, wait, named("reports", oteltenace.OutcomeKey.String("acquired"))).Count)
-	require.Equal(t, uint64(1), histogram(t, wait, named("reports", oteltenace.OutcomeKey.String("rejected"))).Count)
-	require.Equal(t, uint64(1), histogram(t, wait, named("migrations", oteltenace.OutcomeKey.String("acquired"))).Count)
-	require.Equal(t, uint64(1), histogram(t, m["tenace.lock.hold.duration"], named("reports")).Count)
-	require.Equal(t, uint64(1), histogram(t, m["tenace.lock.hold.duration"], named("migrations")).Count)
-	require.Equal(t, int64(1), sum(t, m["tenace.lock.acquisitions"], named("reports", oteltenace.OutcomeKey.String("rejected"))))
-	require.Equal(t, int64(1), sum(t, m["tenace.lock.lost"], named("migrations")))
-	require.Equal(t, int64(0), sum(t, m["tenace.lock.waiting"], named("reports")))
+	require.Equal(t, uint64(1), histogram(t, wait, named("reports", excl, oteltenace.OutcomeKey.String("acquired"))).Count)
+	require.Equal(t, uint64(1), histogram(t, wait, named("reports", excl, oteltenace.OutcomeKey.String("rejected"))).Count)
+	require.Equal(t, uint64(1), histogram(t, wait, named("migrations", excl, oteltenace.OutcomeKey.String("acquired"))).Count)
+	require.Equal(t, uint64(1), histogram(t, m["tenace.lock.hold.duration"], named("reports", excl)).Count)
+	require.Equal(t, uint64(1), histogram(t, m["tenace.lock.hold.duration"], named("migrations", excl)).Count)
+	require.Equal(t, int64(1), sum(t, m["tenace.lock.acquisitions"], named("reports", excl, oteltenace.OutcomeKey.String("rejected"))))
+	require.Equal(t, int64(1), sum(t, m["tenace.lock.lost"], named("migrations", excl)))
+	require.Equal(t, int64(0), sum(t, m["tenace.lock.waiting"], named("reports", excl)))
 	require.Equal(t, int64(1), sum(t, m["tenace.timeouts"], named("migrations")))
 	for name, metric := range m {
 		for _, set := range dataPoints(t, metric) {
@@ -115,9 +115,9 @@ func TestANameWithTheLockKey(t *testing.T) {
 	m := s.collect(t)
 	key := oteltenace.LockKeyKey.String
 	acquired := oteltenace.OutcomeKey.String("acquired")
-	require.Equal(t, uint64(1), histogram(t, m["tenace.lock.wait.duration"], named("reports", key("nightly"), acquired)).Count)
-	require.Equal(t, uint64(1), histogram(t, m["tenace.lock.hold.duration"], named("reports", key("weekly"))).Count)
-	require.Equal(t, int64(0), sum(t, m["tenace.lock.waiting"], named("reports", key("nightly"))))
+	require.Equal(t, uint64(1), histogram(t, m["tenace.lock.wait.duration"], named("reports", excl, key("nightly"), acquired)).Count)
+	require.Equal(t, uint64(1), histogram(t, m["tenace.lock.hold.duration"], named("reports", excl, key("weekly"))).Count)
+	require.Equal(t, int64(0), sum(t, m["tenace.lock.waiting"], named("reports", excl, key("nightly"))))
 	spans := s.spans.Ended()
 	require.Len(t, spans, 2)
 	require.Equal(t, "tenace.execute reports", spans[0].Name())
@@ -137,7 +137,7 @@ func TestAnEmptyNameIsNone(t *testing.T) {
 	require.NoError(t, s.telemetry(oteltenace.WithName("")).Instrument(tenace.NewPolicy().
 		WithLock(tenace.LockOptions{Provider: p, Key: "k"})).Execute(bg, noop))
 	m := s.collect(t)
-	require.Equal(t, uint64(1), histogram(t, m["tenace.lock.hold.duration"], noAttrs).Count)
+	require.Equal(t, uint64(1), histogram(t, m["tenace.lock.hold.duration"], exclusive).Count)
 	spans := s.spans.Ended()
 	require.Len(t, spans, 1)
 	require.Equal(t, "tenace.execute", spans[0].Name())

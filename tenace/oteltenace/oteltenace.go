@@ -22,16 +22,23 @@
 // tenace's own, under "tenace.lock.":
 //
 //	name                          instrument          unit           attributes
-//	tenace.lock.wait.duration     histogram           s              tenace.lock.outcome
-//	tenace.lock.hold.duration     histogram           s              —
-//	tenace.lock.acquisitions      counter             {acquisition}  tenace.lock.outcome
-//	tenace.lock.lost              counter             {lease}        —
-//	tenace.lock.waiting           up-down counter     {caller}       —
+//	tenace.lock.wait.duration     histogram           s              tenace.lock.mode, tenace.lock.outcome
+//	tenace.lock.hold.duration     histogram           s              tenace.lock.mode
+//	tenace.lock.acquisitions      counter             {acquisition}  tenace.lock.mode, tenace.lock.outcome
+//	tenace.lock.lost              counter             {lease}        tenace.lock.mode
+//	tenace.lock.waiting           up-down counter     {caller}       tenace.lock.mode
 //	tenace.timeouts               counter             {timeout}      —
 //
 // With [WithName], every measurement of every one of them also carries
 // tenace.policy.name, the name: one series per name the program gives
 // (and per outcome), however many keys its locks take.
+//
+// tenace.lock.mode is exclusive, or shared for a Lock with
+// LockOptions.Shared (a reader of a read/write lock, a caller of a keyed
+// bulkhead): so tenace.lock.waiting tells how many wait to read and how
+// many to write, and the hold histogram how long each side holds. It is on
+// every measurement of the tenace.lock. metrics, exclusive ones included,
+// so that a series is never the sum of both modes by accident.
 //
 // tenace.lock.outcome is acquired, rejected (not granted within the Lock's
 // Timeout), cancelled (the caller's context ended first) or failed (the
@@ -45,7 +52,8 @@
 // key: a rejection's (*tenace.LockNotAcquiredError) and a timeout's
 // (*tenace.TimeoutError) do, and a provider's may.
 //
-// [ObserveStats] adds gauges read from a provider's tenace.LockStats.
+// [ObserveStats] adds gauges read from a provider's tenace.LockStats,
+// among them the permits in use (tenace.provider.shared.holders).
 //
 // # Spans
 //
@@ -53,7 +61,8 @@
 // [WithName], "tenace.execute " and the name, say "tenace.execute reports",
 // and the attribute tenace.policy.name), and
 // the listener adds the lock's events to the span it finds in the event's
-// context. One span per Execute, rather than one per Lock step, because a
+// context, each with the lock's mode (tenace.lock.mode) and, for a
+// bulkhead, its permit count (tenace.lock.permits). One span per Execute, rather than one per Lock step, because a
 // listener cannot open a span around a step — it sees events, not the
 // call — while a step can; placed outermost (as [Telemetry.Instrument]
 // does), the step's span is what the caller waited for, wait and work
@@ -88,6 +97,15 @@ const (
 	// OutcomeKey is how a wait for a lock ended: acquired, rejected,
 	// cancelled or failed.
 	OutcomeKey = attribute.Key("tenace.lock.outcome")
+	// ModeKey is the Lock's mode, exclusive or shared (LockOptions.Shared;
+	// tenace.Event.Shared), on every measurement of the tenace.lock.
+	// metrics and every lock span event.
+	ModeKey = attribute.Key("tenace.lock.mode")
+	// PermitsKey is a shared Lock's permit count (LockOptions.Permits;
+	// tenace.Event.Permits), on its span events when it is not 0 (a keyed
+	// bulkhead's N; 0, any number of readers, is not recorded). It is not
+	// on the metrics: the mode is.
+	PermitsKey = attribute.Key("tenace.lock.permits")
 	// LockKeyKey is the lock key, recorded only with WithLockKey.
 	LockKeyKey = attribute.Key("tenace.lock.key")
 	// NameKey is the name given with WithName, recorded on every
@@ -196,12 +214,14 @@ type Telemetry struct {
 
 	// The attribute sets of the measurements without the lock key, made
 	// once, so that recording them allocates nothing: the name's alone (or
-	// none) in plain, and with each outcome in byOutcome. Each is a
-	// one-element slice ready to pass as the variadic options: passing a
-	// lone option would make a new slice, which escapes through the
-	// interface call, on every record.
-	plain     measure
-	byOutcome [numOutcomes]measure
+	// none) in named, for tenace.timeouts; with each mode in plain, and
+	// with each mode and outcome in byOutcome. Each is a one-element slice
+	// ready to pass as the variadic options: passing a lone option would
+	// make a new slice, which escapes through the interface call, on every
+	// record.
+	named     measure
+	plain     [numModes]measure
+	byOutcome [numModes][numOutcomes]measure
 }
 
 // measure is the options of one measurement, for each kind of instrument.
@@ -222,6 +242,24 @@ const (
 )
 
 var outcomeNames = [numOutcomes]string{"acquired", "rejected", "cancelled", "failed"}
+
+// mode indexes Telemetry.plain and byOutcome: a lock event's Shared.
+type mode int
+
+const (
+	modeExclusive mode = iota
+	modeShared
+	numModes
+)
+
+var modeNames = [numModes]string{"exclusive", "shared"}
+
+func modeOf(e tenace.Event) mode {
+	if e.Shared {
+		return modeShared
+	}
+	return modeExclusive
+}
 
 // New returns a Telemetry that records through the providers the options
 // name (the global ones by default). An instrument the meter refuses is
@@ -285,17 +323,20 @@ func New(opts ...Option) *Telemetry {
 		t.spanName += " " + t.name
 		t.spanStart = append(t.spanStart, trace.WithAttributes(NameKey.String(t.name)))
 	}
-	t.plain = measureOf(attribute.NewSet(t.named()...))
-	for o := range numOutcomes {
-		t.byOutcome[o] = measureOf(attribute.NewSet(append(t.named(), OutcomeKey.String(outcomeNames[o]))...))
+	t.named = measureOf(attribute.NewSet(t.nameAttrs()...))
+	for m := range numModes {
+		t.plain[m] = measureOf(attribute.NewSet(append(t.nameAttrs(), ModeKey.String(modeNames[m]))...))
+		for o := range numOutcomes {
+			t.byOutcome[m][o] = measureOf(attribute.NewSet(append(t.nameAttrs(), ModeKey.String(modeNames[m]), OutcomeKey.String(outcomeNames[o]))...))
+		}
 	}
 	return t
 }
 
-// named returns a new slice of the name's attribute, or an empty one
-// without a name, with room for two more.
-func (t *Telemetry) named() []attribute.KeyValue {
-	kvs := make([]attribute.KeyValue, 0, 3)
+// nameAttrs returns a new slice of the name's attribute, or an empty one
+// without a name, with room for three more.
+func (t *Telemetry) nameAttrs() []attribute.KeyValue {
+	kvs := make([]attribute.KeyValue, 0, 4)
 	if t.name != "" {
 		kvs = append(kvs, NameKey.String(t.name))
 	}
@@ -326,7 +367,7 @@ func (t *Telemetry) Listen(e tenace.Event) {
 	}
 	switch e.Name {
 	case tenace.EventLockAcquiring:
-		t.waiting.Add(ctx, 1, t.keyed(e.Key, nil).add...)
+		t.waiting.Add(ctx, 1, t.keyed(e, nil).add...)
 	case tenace.EventLockAcquired:
 		t.waitEnded(ctx, e, outcomeAcquired)
 	case tenace.EventLockRejected:
@@ -336,11 +377,11 @@ func (t *Telemetry) Listen(e tenace.Event) {
 	case tenace.EventLockFailed:
 		t.waitEnded(ctx, e, outcomeFailed)
 	case tenace.EventLockReleased:
-		t.hold.Record(ctx, e.Hold.Seconds(), t.keyed(e.Key, nil).rec...)
+		t.hold.Record(ctx, e.Hold.Seconds(), t.keyed(e, nil).rec...)
 	case tenace.EventLockLost:
-		t.lost.Add(ctx, 1, t.keyed(e.Key, nil).add...)
+		t.lost.Add(ctx, 1, t.keyed(e, nil).add...)
 	case tenace.EventTimeout:
-		t.timeouts.Add(ctx, 1, t.plain.add...)
+		t.timeouts.Add(ctx, 1, t.named.add...)
 	default:
 		return // a third-party step's event: not ours to record
 	}
@@ -349,23 +390,24 @@ func (t *Telemetry) Listen(e tenace.Event) {
 
 // waitEnded records the end of a wait.
 func (t *Telemetry) waitEnded(ctx context.Context, e tenace.Event, o outcome) {
-	t.waiting.Add(ctx, -1, t.keyed(e.Key, nil).add...)
-	m := t.keyed(e.Key, &o)
+	t.waiting.Add(ctx, -1, t.keyed(e, nil).add...)
+	m := t.keyed(e, &o)
 	t.wait.Record(ctx, e.Wait.Seconds(), m.rec...)
 	t.acquired.Add(ctx, 1, m.add...)
 }
 
-// keyed returns the measurement options for an event: the name (with
-// WithName), its outcome (if o is not nil) and, with WithLockKey, its key.
-// Without the key it allocates nothing.
-func (t *Telemetry) keyed(key string, o *outcome) measure {
+// keyed returns the measurement options for a lock event: the name (with
+// WithName), its mode, its outcome (if o is not nil) and, with
+// WithLockKey, its key. Without the key it allocates nothing.
+func (t *Telemetry) keyed(e tenace.Event, o *outcome) measure {
+	m := modeOf(e)
 	if !t.lockKey {
 		if o == nil {
-			return t.plain
+			return t.plain[m]
 		}
-		return t.byOutcome[*o]
+		return t.byOutcome[m][*o]
 	}
-	kvs := append(t.named(), LockKeyKey.String(key))
+	kvs := append(t.nameAttrs(), ModeKey.String(modeNames[m]), LockKeyKey.String(e.Key))
 	if o != nil {
 		kvs = append(kvs, OutcomeKey.String(outcomeNames[*o]))
 	}
@@ -383,12 +425,18 @@ func (t *Telemetry) spanEvent(ctx context.Context, e tenace.Event) {
 	if !span.IsRecording() {
 		return
 	}
-	attrs := make([]attribute.KeyValue, 0, 6)
+	attrs := make([]attribute.KeyValue, 0, 8)
 	if t.name != "" {
 		attrs = append(attrs, NameKey.String(t.name))
 	}
 	if t.lockKey {
 		attrs = append(attrs, LockKeyKey.String(e.Key))
+	}
+	if e.Name != tenace.EventTimeout {
+		attrs = append(attrs, ModeKey.String(modeNames[modeOf(e)]))
+		if e.Permits != 0 {
+			attrs = append(attrs, PermitsKey.Int(e.Permits))
+		}
 	}
 	switch e.Name {
 	case tenace.EventLockAcquired, tenace.EventLockRejected, tenace.EventLockCancelled, tenace.EventLockFailed:
@@ -454,10 +502,18 @@ func (s step) Run(ctx context.Context, x policy.Execution, next policy.Next) (er
 
 // ObserveStats registers gauges that read sp.Stats() at each collection:
 //
-//	name                          unit      what
-//	tenace.provider.held          {key}     keys held (through this provider value)
-//	tenace.provider.waiting       {caller}  callers waiting (in this process)
-//	tenace.provider.longest_queue {caller}  most callers waiting for one key (0: unknown)
+//	name                            unit      what
+//	tenace.provider.held            {key}     keys held (through this provider value)
+//	tenace.provider.waiting         {caller}  callers waiting (in this process)
+//	tenace.provider.longest_queue   {caller}  most callers waiting for one key (0: unknown)
+//	tenace.provider.shared.keys     {key}     keys held shared (part of held)
+//	tenace.provider.shared.holders  {lease}   shared leases held: the permits in use
+//	tenace.provider.shared.waiting  {caller}  callers waiting for a shared lease (part of waiting)
+//
+// The shared gauges are LockStats' SharedKeys, SharedHolders and
+// SharedWaiting: 0 for a provider that does not count by mode (the
+// distributed providers, for now); held − shared.keys keys are held
+// exclusive.
 //
 // attrs tell providers apart (attribute.String("tenace.provider", "orders"),
 // say). mp nil means otel.GetMeterProvider(). Unregister the returned
@@ -482,12 +538,30 @@ func ObserveStats(mp metric.MeterProvider, sp tenace.StatsProvider, attrs ...att
 	if err != nil {
 		return nil, err
 	}
+	sharedKeys, err := meter.Int64ObservableGauge("tenace.provider.shared.keys",
+		metric.WithUnit("{key}"), metric.WithDescription("Keys held shared through the provider (0: not counted by mode)."))
+	if err != nil {
+		return nil, err
+	}
+	sharedHolders, err := meter.Int64ObservableGauge("tenace.provider.shared.holders",
+		metric.WithUnit("{lease}"), metric.WithDescription("Shared leases held through the provider: the permits in use (0: not counted by mode)."))
+	if err != nil {
+		return nil, err
+	}
+	sharedWaiting, err := meter.Int64ObservableGauge("tenace.provider.shared.waiting",
+		metric.WithUnit("{caller}"), metric.WithDescription("Callers waiting for a shared lease of the provider, in this process (0: not counted by mode)."))
+	if err != nil {
+		return nil, err
+	}
 	set := metric.WithAttributeSet(attribute.NewSet(attrs...))
 	return meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		s := sp.Stats()
 		o.ObserveInt64(held, int64(s.Held), set)
 		o.ObserveInt64(waiting, int64(s.Waiting), set)
 		o.ObserveInt64(longest, int64(s.LongestQueue), set)
+		o.ObserveInt64(sharedKeys, int64(s.SharedKeys), set)
+		o.ObserveInt64(sharedHolders, int64(s.SharedHolders), set)
+		o.ObserveInt64(sharedWaiting, int64(s.SharedWaiting), set)
 		return nil
-	}, held, waiting, longest)
+	}, held, waiting, longest, sharedKeys, sharedHolders, sharedWaiting)
 }

@@ -36,7 +36,7 @@ func TestMetricsOfAContendedLock(t *testing.T) {
 		}()
 		synctest.Wait()
 		m := s.collect(t)
-		require.Equal(t, int64(1), sum(t, m["tenace.lock.waiting"], noAttrs), "one caller waiting now")
+		require.Equal(t, int64(1), sum(t, m["tenace.lock.waiting"], exclusive), "one caller waiting now")
 
 		time.Sleep(3 * time.Second)
 		require.NoError(t, held.Release(bg))
@@ -66,7 +66,7 @@ func TestMetricsOfAContendedLock(t *testing.T) {
 
 		hold := m["tenace.lock.hold.duration"]
 		require.Equal(t, "s", hold.Unit)
-		hp := histogram(t, hold, noAttrs)
+		hp := histogram(t, hold, exclusive)
 		require.Equal(t, uint64(1), hp.Count)
 		require.Equal(t, 2.0, hp.Sum)
 
@@ -75,7 +75,7 @@ func TestMetricsOfAContendedLock(t *testing.T) {
 		require.Equal(t, int64(1), sum(t, acquisitions, outcome("rejected")))
 		require.Equal(t, int64(1), sum(t, acquisitions, outcome("cancelled")))
 		require.True(t, acquisitions.Data.(metricdata.Sum[int64]).IsMonotonic)
-		require.Equal(t, int64(0), sum(t, m["tenace.lock.waiting"], noAttrs), "nobody waits any more")
+		require.Equal(t, int64(0), sum(t, m["tenace.lock.waiting"], exclusive), "nobody waits any more")
 		require.False(t, m["tenace.lock.waiting"].Data.(metricdata.Sum[int64]).IsMonotonic)
 		require.NotContains(t, m, "tenace.lock.lost")
 	})
@@ -102,11 +102,11 @@ func TestFailuresLossesAndTimeoutsAreCounted(t *testing.T) {
 	}))
 
 	m := s.collect(t)
-	require.Equal(t, int64(1), sum(t, m["tenace.lock.lost"], noAttrs))
+	require.Equal(t, int64(1), sum(t, m["tenace.lock.lost"], exclusive))
 	require.Equal(t, int64(1), sum(t, m["tenace.lock.acquisitions"], outcome("failed")))
 	require.Equal(t, uint64(1), histogram(t, m["tenace.lock.wait.duration"], outcome("failed")).Count)
 	require.Equal(t, int64(1), sum(t, m["tenace.timeouts"], noAttrs))
-	require.Equal(t, int64(0), sum(t, m["tenace.lock.waiting"], noAttrs))
+	require.Equal(t, int64(0), sum(t, m["tenace.lock.waiting"], exclusive))
 }
 
 func TestTheLockKeyIsRecordedOnlyOnOptIn(t *testing.T) {
@@ -285,7 +285,7 @@ func TestAPanicInFnStillEndsTheSpan(t *testing.T) {
 	require.PanicsWithValue(t, "fn", func() { _ = pol.Execute(bg, func(context.Context) error { panic("fn") }) })
 	spans := s.spans.Ended()
 	require.Len(t, spans, 1)
-	require.Equal(t, int64(0), sum(t, s.collect(t)["tenace.lock.waiting"], noAttrs))
+	require.Equal(t, int64(0), sum(t, s.collect(t)["tenace.lock.waiting"], exclusive))
 	// The call failed: not a span that looks successful. The SDK records
 	// the panic as an exception event.
 	require.Equal(t, codes.Error, spans[0].Status().Code)
@@ -298,7 +298,7 @@ func TestEventsOfOtherStepsAreIgnored(t *testing.T) {
 	tel.Listen(tenace.Event{Name: "retry.attempt", Key: "k"})
 	tel.Listen(tenace.Event{Name: tenace.EventLockAcquiring}) // no Context: still recorded
 	m := s.collect(t)
-	require.Equal(t, int64(1), sum(t, m["tenace.lock.waiting"], noAttrs))
+	require.Equal(t, int64(1), sum(t, m["tenace.lock.waiting"], exclusive))
 	require.Len(t, m, 1)
 }
 

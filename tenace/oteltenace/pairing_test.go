@@ -51,7 +51,7 @@ func TestEveryWaitEndsOnceUnderContention(t *testing.T) {
 	wg.Wait()
 
 	m := s.collect(t)
-	require.Equal(t, int64(0), sum(t, m["tenace.lock.waiting"], noAttrs))
+	require.Equal(t, int64(0), sum(t, m["tenace.lock.waiting"], exclusive))
 	var ended, acquired int64
 	for _, dp := range m["tenace.lock.acquisitions"].Data.(metricdata.Sum[int64]).DataPoints {
 		ended += dp.Value
@@ -61,7 +61,7 @@ func TestEveryWaitEndsOnceUnderContention(t *testing.T) {
 	}
 	require.Positive(t, waits.Load())
 	require.Equal(t, waits.Load(), ended)
-	require.Equal(t, uint64(acquired), histogram(t, m["tenace.lock.hold.duration"], noAttrs).Count)
+	require.Equal(t, uint64(acquired), histogram(t, m["tenace.lock.hold.duration"], exclusive).Count)
 	// A call that gave up as its grant landed returns once it has the
 	// grant's reply, and its cancel, which passes the grant on, can still
 	// be in the shard's mailbox: Stats is exact once the shards have

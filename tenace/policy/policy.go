@@ -71,6 +71,16 @@ type Event struct {
 	// Key is the key the event concerns: the lock key for lock events, the
 	// execution key (possibly empty) for the others.
 	Key string
+	// Shared reports that the lock was asked for shared (tenace's
+	// LockOptions.Shared: a reader of a read/write lock, a caller of a
+	// keyed bulkhead): set on every event of such a Lock step, false on an
+	// exclusive one's and on the other steps' events.
+	Shared bool
+	// Permits is the permit count the shared Lock step asked for
+	// (LockOptions.Permits: 0 for any number of shared holders, N for at
+	// most N), on the events that have Shared; 0 otherwise. The key's own
+	// count is its first shared holder's (see LockOptions.Permits).
+	Permits int
 	// Context is the call's context as the emitting step received it — for
 	// the Lock step, the context the lock was asked for with, also for events
 	// emitted after it ended — so that a listener can find what the caller

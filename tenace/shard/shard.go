@@ -189,16 +189,20 @@ func (g *Grant) Release() {
 // Concurrency: table, out, queued and grants are owned by the loop
 // goroutine (the actor's handler); callers reach them only through mailbox
 // messages, except for a release by CAS, which touches only the table's
-// atomics (see [Grant.Release]). waiting and longest are written by the
-// loop and read by anyone. No mutex guards anything here.
+// atomics (see [Grant.Release]). The published counts (waiting, longest
+// and the shared ones) are written by the loop and read by anyone. No mutex
+// guards anything here.
 type Shard struct {
 	group *Group
 	mb    *actor.Actor[message]
 
-	_       [64]byte // keep the published counts on a cache line of their own
-	waiting atomic.Int64
-	longest atomic.Int64
-	_       [64]byte
+	_             [64]byte // keep the published counts on a cache line of their own
+	waiting       atomic.Int64
+	longest       atomic.Int64
+	sharedKeys    atomic.Int64 // see Table.SharedStats
+	sharedHolders atomic.Int64
+	sharedWaiting atomic.Int64
+	_             [64]byte
 
 	// waiters are this shard's idle waiters (see getWaiter).
 	waiters sync.Pool
@@ -310,14 +314,22 @@ func (s *Shard) grantAll(next *waiter) {
 	}
 }
 
-// publish stores the waiting counts for Stats; a store only when they
-// changed, so that a batch without waiters writes nothing shared.
+// publish stores the counts for Stats; a store only when a count
+// changed, so that a batch of exclusive grants without waiters writes
+// nothing shared. The loads are of words only this goroutine writes.
 func (s *Shard) publish() {
-	if n := int64(s.table.Waiting()); s.waiting.Load() != n {
-		s.waiting.Store(n)
-	}
-	if n := int64(s.table.Longest()); s.longest.Load() != n {
-		s.longest.Store(n)
+	keys, holders, waiting := s.table.SharedStats()
+	publishCount(&s.waiting, s.table.Waiting())
+	publishCount(&s.longest, s.table.Longest())
+	publishCount(&s.sharedKeys, keys)
+	publishCount(&s.sharedHolders, holders)
+	publishCount(&s.sharedWaiting, waiting)
+}
+
+// publishCount sets a published count to n if it is not n already.
+func publishCount(c *atomic.Int64, n int) {
+	if c.Load() != int64(n) {
+		c.Store(int64(n))
 	}
 }
 
@@ -523,6 +535,15 @@ func (s *Shard) Size() int { return s.table.Len() }
 // the most queued for one key, as of the last batch applied.
 func (s *Shard) Waiting() (waiting, longest int) {
 	return int(s.waiting.Load()), int(s.longest.Load())
+}
+
+// SharedStats is [Table.SharedStats] as of the last batch applied: the
+// keys held shared, their shared holders (the permits in use), and the
+// callers queued for a shared grant. Each is one atomic load, read on its
+// own: while grants change hands they may come from different batches,
+// and from another moment than Size.
+func (s *Shard) SharedStats() (keys, holders, waiting int) {
+	return int(s.sharedKeys.Load()), int(s.sharedHolders.Load()), int(s.sharedWaiting.Load())
 }
 
 // getWaiter returns an idle waiter of this shard. Waiters are pooled per

@@ -233,6 +233,9 @@ type entry[T any] struct {
 //     permits (when limited), and its queue's head is one it cannot admit
 //     (an exclusive waiter, or a shared one while every permit is taken);
 //     a key not held shared counts no shared holder.
+//  6. The counts by mode ([Table.SharedStats]) are those of the entries:
+//     the keys held shared, the sum of their shared holders, and the
+//     queued waiters that ask for their key shared.
 //
 // # Shared holders
 //
@@ -284,6 +287,12 @@ type Table[T any] struct {
 	waiting int         // waiters queued over all keys
 	byLen   []int       // byLen[n]: keys with exactly n waiters (n ≥ 1)
 	longest int         // the longest queue: the largest n with byLen[n] > 0
+
+	// The counts by mode (see SharedStats), kept where the shared paths
+	// change them: an exclusive grant or release never touches them.
+	sharedKeys    int // keys held shared: words stShared
+	sharedHolders int // their shared holders: the sum of their entries' shared
+	sharedWaiting int // queued waiters that ask for their key shared
 }
 
 // NewTable returns an empty table.
@@ -349,7 +358,7 @@ func (t *Table[T]) Acquire(key string, w *Waiter[T]) (granted bool) {
 		e.tail.next, w.prev = w, e.tail
 	}
 	e.tail = w
-	t.queueGrew(e)
+	t.queueGrew(e, w)
 	return false
 }
 
@@ -413,8 +422,10 @@ func (t *Table[T]) grant(e *entry[T], w *Waiter[T], vacant bool) {
 			// those admitted beside it share it.
 			e.state.Store(stShared)
 			e.shared, e.permits = 0, w.permits
+			t.sharedKeys++
 		}
 		e.shared++
+		t.sharedHolders++
 	case e.head == nil:
 		e.state.Store(held(w.token))
 	default:
@@ -573,6 +584,10 @@ func (t *Table[T]) ReleaseHeld(h *Held[T]) (released bool, next *Waiter[T]) {
 // leaveShared ends one shared grant of e and admits whom that lets in.
 func (t *Table[T]) leaveShared(e *entry[T]) *Waiter[T] {
 	e.shared--
+	t.sharedHolders--
+	if e.shared == 0 {
+		t.sharedKeys--
+	}
 	return t.handOn(e, stShared, e.shared == 0)
 }
 
@@ -630,8 +645,12 @@ func (t *Table[T]) handOn(e *entry[T], s uint64, vacant bool) *Waiter[T] {
 	}
 }
 
-// queueGrew and queueShrank keep the waiting counts and the longest queue.
-func (t *Table[T]) queueGrew(e *entry[T]) {
+// queueGrew and queueShrank keep the waiting counts and the longest queue,
+// as w joins or leaves e's queue.
+func (t *Table[T]) queueGrew(e *entry[T], w *Waiter[T]) {
+	if w.shared {
+		t.sharedWaiting++
+	}
 	if e.waiting > 0 {
 		t.byLen[e.waiting]--
 	}
@@ -644,7 +663,10 @@ func (t *Table[T]) queueGrew(e *entry[T]) {
 	t.longest = max(t.longest, e.waiting)
 }
 
-func (t *Table[T]) queueShrank(e *entry[T]) {
+func (t *Table[T]) queueShrank(e *entry[T], w *Waiter[T]) {
+	if w.shared {
+		t.sharedWaiting--
+	}
 	t.byLen[e.waiting]--
 	if e.waiting == t.longest && t.byLen[e.waiting] == 0 {
 		t.longest-- // e is now the longest, at one less
@@ -668,7 +690,7 @@ func (t *Table[T]) unlink(e *entry[T], w *Waiter[T]) {
 	} else {
 		w.next.prev = w.prev
 	}
-	t.queueShrank(e)
+	t.queueShrank(e, w)
 	w.prev, w.next = nil, nil
 }
 
@@ -741,6 +763,14 @@ func (t *Table[T]) Waiting() int { return t.waiting }
 // Longest is the number of waiters of the key with the most.
 func (t *Table[T]) Longest() int { return t.longest }
 
+// SharedStats counts the table by mode: keys is the number of keys held
+// shared (counted by Len too), holders their shared holders over all keys
+// (the permits in use), waiting the queued waiters that ask for their key
+// shared (counted by Waiting too). Like Waiting, they are the owner's.
+func (t *Table[T]) SharedStats() (keys, holders, waiting int) {
+	return t.sharedKeys, t.sharedHolders, t.sharedWaiting
+}
+
 // Holder returns the token of key's current exclusive grant; 0 and true
 // when shared holders hold it (see Shared).
 func (t *Table[T]) Holder(key string) (token uint64, held bool) {
@@ -804,6 +834,7 @@ func (t *Table[T]) Drain() []*Waiter[T] {
 	t.mapped.Store(0)
 	t.entries, t.all, t.spare, t.byLen = make(map[string]*entry[T]), nil, nil, nil
 	t.peak, t.waiting, t.longest = 0, 0, 0
+	t.sharedKeys, t.sharedHolders, t.sharedWaiting = 0, 0, 0
 	return out
 }
 
@@ -818,6 +849,7 @@ func (t *Table[T]) CheckInvariants() error { return t.checkInvariants(true) }
 func (t *Table[T]) checkInvariants(quiescent bool) error {
 	var errs []error
 	waiting, heldKeys, longest := 0, 0, 0
+	sharedKeys, sharedHolders, sharedWaiting := 0, 0, 0
 	byLen := make([]int, len(t.byLen))
 	for key, e := range t.entries {
 		s := e.state.Load()
@@ -840,6 +872,8 @@ func (t *Table[T]) checkInvariants(quiescent bool) error {
 		prevTok, n := tokenOfWord(s), 0
 		if s == stShared {
 			prevTok = 0
+			sharedKeys++
+			sharedHolders += int(e.shared)
 			if e.shared < 1 || (e.permits > 0 && e.shared > e.permits) || e.permits < 0 {
 				errs = append(errs, fmt.Errorf("invariant 5: key %q has %d shared holders of %d permits", key, e.shared, e.permits))
 			}
@@ -855,6 +889,9 @@ func (t *Table[T]) checkInvariants(quiescent bool) error {
 		var prev *Waiter[T]
 		for w := e.head; w != nil; w = w.next {
 			n++
+			if w.shared {
+				sharedWaiting++
+			}
 			if w.state != Queued {
 				errs = append(errs, fmt.Errorf("invariant 4: key %q waiter %d is %v in the queue", key, w.token, w.state))
 			}
@@ -899,6 +936,10 @@ func (t *Table[T]) checkInvariants(quiescent bool) error {
 	}
 	if waiting != t.waiting {
 		errs = append(errs, fmt.Errorf("invariant 4: table counts %d waiters, queues hold %d", t.waiting, waiting))
+	}
+	if sharedKeys != t.sharedKeys || sharedHolders != t.sharedHolders || sharedWaiting != t.sharedWaiting {
+		errs = append(errs, fmt.Errorf("invariant 6: table counts %d keys held shared by %d holders and %d shared waiters, entries hold %d, %d and %d",
+			t.sharedKeys, t.sharedHolders, t.sharedWaiting, sharedKeys, sharedHolders, sharedWaiting))
 	}
 	if longest != t.longest || !slices.Equal(byLen, t.byLen) {
 		errs = append(errs, fmt.Errorf("invariant 4: longest queue %d (by length %v), counted %d (%v)", t.longest, t.byLen, longest, byLen))
