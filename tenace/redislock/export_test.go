@@ -52,3 +52,13 @@ func LossMargin(px time.Duration) time.Duration { return lossMargin(px) }
 // LateReply is how long after the Timeout a try in flight may bring its
 // reply.
 const LateReply = lateReply
+
+// SharedMember returns the sorted set of l's key's shared holders and l's
+// member of it, if l is a shared lease.
+func SharedMember(l tenace.LockLease) (holders, member string, ok bool) {
+	a := l.(*lease).a
+	return a.holdersKey, a.token, a.shared
+}
+
+// MarkLife is how long p's waiting writers' marks last past their last try.
+func MarkLife(p *Provider) time.Duration { return p.markLife() }

@@ -155,7 +155,7 @@ func TestAGrantAsCloseRunsIsLostAtOnce(t *testing.T) {
 	var p *redislock.Provider
 	var once sync.Once
 	c.AddHook(scriptHook(func(numKeys string) {
-		if numKeys == "3" { // the acquire script, before it is sent
+		if numKeys == "5" { // the acquire script, before it is sent
 			once.Do(func() { require.NoError(t, p.Close()) })
 		}
 	}))
