@@ -24,6 +24,11 @@ func RunAcquireScript(ctx context.Context, l tenace.LockLease) (int64, error) {
 	return res[0], nil
 }
 
+// RunAcquireScriptReply is RunAcquireScript with the whole reply.
+func RunAcquireScriptReply(ctx context.Context, l tenace.LockLease) ([]int64, error) {
+	return l.(*lease).a.run(ctx)
+}
+
 // OnPubSubBackoff makes p's Pub/Sub receive loops call f with each pause
 // they take before reading again after a failed read. Call it before p's
 // first wait.

@@ -152,12 +152,17 @@ func TestWorkLongerThanTheWindowKeepsTheLock(t *testing.T) {
 const holderEnv = "TENACE_REDISLOCK_HOLDER"
 
 // holderProcess is the test binary re-run as a lock holder: it takes
-// "killed" with a one-hour TTL and a 300 ms window, says so on stdout, and
+// "killed" (with holderSharedEnv, one of two permits of "killedshared")
+// with a one-hour TTL and a 300 ms window, says so on stdout, and
 // holds it until it is killed.
 func holderProcess(addr string) int {
 	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	p := redislock.New(c, redislock.WithWindow(300*time.Millisecond))
-	l, err := p.Acquire(bg, "killed", tenace.LockAcquireOptions{TTL: time.Hour})
+	key, opts := "killed", tenace.LockAcquireOptions{TTL: time.Hour}
+	if os.Getenv(holderSharedEnv) != "" {
+		key, opts.Shared, opts.Permits = "killedshared", true, 2
+	}
+	l, err := p.Acquire(bg, key, opts)
 	if err != nil || l == nil {
 		fmt.Fprintln(os.Stderr, "acquire:", l, err)
 		return 1

@@ -27,7 +27,7 @@ func (lostReplyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		err := next(ctx, cmd)
 		if ctx.Value(lostReplyKey{}) != nil && err == nil {
 			if n := cmd.Name(); n == "evalsha" || n == "eval" {
-				if args := cmd.Args(); len(args) > 2 && args[2] == 3 {
+				if args := cmd.Args(); len(args) > 2 && args[2] == 5 {
 					return errors.New("test: the reply was lost")
 				}
 			}
