@@ -325,13 +325,33 @@ func TestAWriterThatGivesUpTakesItsMarkOff(t *testing.T) {
 	require.Zero(t, c.Exists(bg, "tenace:lock:{mark}", "tenace:lock:{mark}:holders", "tenace:lock:{mark}:writers").Val(), "nothing left of the key but its counter and markers")
 }
 
-// A NoWait writer does not mark: readers are not held back by a writer
-// that is not waiting.
+// zremCounter counts the ZREM commands a client sends: a writer's unmark.
+type zremCounter struct{ n atomic.Int64 }
+
+func (h *zremCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *zremCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "zrem" {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *zremCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A NoWait writer does not mark (nor unmark: it had nothing to take
+// off): readers are not held back by a writer that is not waiting.
 func TestANoWaitWriterDoesNotMark(t *testing.T) {
 	_, c := setup(t)
-	p := newProvider(t, c)
+	zrem := &zremCounter{}
+	c.AddHook(zrem)
+	p, pw := newProvider(t, c), newProvider(t, c)
 	r1 := mustAcquire(t, p, "nomark", reader)
-	require.False(t, tryNow(t, p, "nomark", writer))
+	require.False(t, tryNow(t, pw, "nomark", writer))
+	require.NoError(t, pw.Close()) // waits for an unmark in flight
+	require.Zero(t, zrem.n.Load(), "no unmark: no mark")
 	require.Zero(t, c.Exists(bg, "tenace:lock:{nomark}:writers").Val())
 	require.True(t, tryNow(t, p, "nomark", reader))
 	require.NoError(t, r1.Release(bg))
