@@ -208,6 +208,8 @@ type attempt struct {
 	permits                         int           // with shared: the key's count (0: no limit)
 	markMS                          int64         // an exclusive waiter's mark life in ms (see markLife); 0: it does not mark
 	writerWaits                     bool          // the last try was a shared caller's, refused because a writer waits
+	keys                            []string      // the acquire script's, made by its first run
+	args                            []any         // likewise
 }
 
 func (p *Provider) newAttempt(key string, ttl time.Duration) *attempt {
@@ -276,6 +278,13 @@ func validate(key string, opts tenace.LockAcquireOptions) error {
 // another call holds key and the wait for its release ran out (with
 // NoWait, at once on that answer); (nil, ctx's error) when ctx ends first,
 // also when it ends during a Redis call; (nil, err) when Redis fails.
+//
+// With opts.Shared the lease is one of key's permits (opts.Permits: 0 for
+// any number, a read/write lock; N for at most N holders, a keyed
+// bulkhead), granted beside other shared holders and never beside an
+// exclusive one; without it, the whole key. An exclusive caller that
+// waits holds back new shared callers of key until it is granted or gives
+// up (see the package doc, Fairness). Everything below holds for both.
 //
 // An outage is an error, never (nil, nil): a server that refuses
 // connections or cannot be reached, or answers with an error, fails the
@@ -354,7 +363,7 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	noWait := opts.Timeout == tenace.NoWait
 	a.shared, a.permits = opts.Shared, opts.Permits
 	if !a.shared && !noWait {
-		a.markMS = p.markLife().Milliseconds()
+		a.markMS = p.markArg.(int64)
 	}
 	w, done := p.waitContexts(ctx, opts)
 	defer done()
@@ -590,14 +599,26 @@ func (a *attempt) tryOn(ctx context.Context) (*lease, time.Duration, error) {
 }
 
 // run runs the acquire script once and returns its reply.
+// Its keys and arguments are made once, on the first try: a waiter's
+// later tries allocate none.
 func (a *attempt) run(ctx context.Context) ([]int64, error) {
-	shared := "0"
-	if a.shared {
-		shared = "1"
+	if a.keys == nil {
+		shared := argExclusive
+		if a.shared {
+			shared = argShared
+		}
+		a.keys = []string{a.lockKey, a.fenceKey, a.voidKey, a.holdersKey, a.writersKey}
+		mark := argNone
+		if a.markMS > 0 {
+			mark = a.p.markArg
+		}
+		a.args = []any{a.token, a.pxMS, shared, a.permits, mark, a.p.voidArg}
 	}
-	return acquireScript.Run(ctx, a.p.client, []string{a.lockKey, a.fenceKey, a.voidKey, a.holdersKey, a.writersKey},
-		a.token, a.pxMS, shared, a.permits, a.markMS, a.p.voidMS).Int64Slice()
+	return acquireScript.Run(ctx, a.p.client, a.keys, a.args...).Int64Slice()
 }
+
+// The acquire script's mode argument, and a mark life of none, boxed once.
+var argExclusive, argShared, argNone any = "0", "1", int64(0)
 
 // outcomeWait bounds how long outcome waits for a context whose deadline
 // has passed to report its end. Its timer fires within microseconds, or as

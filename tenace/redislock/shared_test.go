@@ -313,7 +313,7 @@ func TestAWriterThatGivesUpTakesItsMarkOff(t *testing.T) {
 	require.Greater(t, redislock.MarkLife(p), 2*time.Second)
 	r1 := mustAcquire(t, p, "mark", reader)
 	require.True(t, tryNow(t, p, "mark", reader), "readers share the key")
-	w := acquireAsync(bg, p, "mark", tenace.LockAcquireOptions{Timeout: 300 * time.Millisecond})
+	w := acquireAsync(bg, p, "mark", tenace.LockAcquireOptions{Timeout: time.Second})
 	eventually(t, "the writer's mark", func() bool { return c.Exists(bg, "tenace:lock:{mark}:writers").Val() == 1 })
 	require.False(t, tryNow(t, p, "mark", reader), "a reader arriving after a waiting writer")
 	got := <-w
@@ -513,4 +513,27 @@ func TestSharedWaiterOnAKilledServer(t *testing.T) {
 	require.ErrorIs(t, got.err, syscall.ECONNREFUSED)
 	require.Less(t, time.Since(start), 5*time.Second, "at its next try, not at the Timeout")
 	require.Error(t, held.Release(bg), "the release cannot reach the server")
+}
+
+// Shared locks through a Cluster client: the holders and the writers
+// waiting share the key's hash tag, so the scripts run on its slot; a
+// writer waiting for the readers is woken by the last one's release.
+func TestSharedOnAClusterClient(t *testing.T) {
+	srv := redistest.StartCluster(t)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.Addr}, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	p := newProvider(t, c, redislock.WithRetryInterval(time.Hour))
+	r1 := mustAcquire(t, p, "orders/7", reader)
+	r2 := mustAcquire(t, p, "orders/7", tenace.LockAcquireOptions{Shared: true, Timeout: tenace.NoWait})
+	w := acquireAsync(bg, p, "orders/7", writer)
+	waitSubscribed(t, c, "orders/7", 1)
+	require.False(t, tryNow(t, p, "orders/7", reader), "a reader after the waiting writer")
+	require.NoError(t, r1.Release(bg))
+	require.NoError(t, r2.Release(bg))
+	got := <-w
+	require.NoError(t, got.err)
+	require.NotNil(t, got.lease, "woken by the last reader's release")
+	require.Greater(t, got.lease.(tenace.FencedLease).Token(), r2.(tenace.FencedLease).Token())
+	require.NoError(t, got.lease.Release(bg))
+	require.True(t, tryNow(t, p, "orders/7", bulk(2)))
 }
