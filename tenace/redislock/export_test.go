@@ -48,7 +48,9 @@ func PendingVoids(p *Provider) (pending int, running bool) {
 // SetVoidLife sets how long p's void markers live, and so how long its
 // janitor tries a void the server never answers. Call it before p's first
 // Acquire.
-func SetVoidLife(p *Provider, d time.Duration) { p.voidMS, p.voidArg = d.Milliseconds(), d.Milliseconds() }
+func SetVoidLife(p *Provider, d time.Duration) {
+	p.voidMS, p.voidArg = d.Milliseconds(), d.Milliseconds()
+}
 
 // LossMargin is how long before the expiry the server was told (px long)
 // a lease is reported lost.

@@ -64,9 +64,9 @@ type Provider struct {
 	// voidArg and markArg are voidMS and markLife in ms, boxed once for
 	// the acquire script's arguments.
 	voidArg, markArg any
-	logger   *slog.Logger
-	subs     *subscriber                 // one Pub/Sub connection for every waiter, open while any waits
-	probe    func(context.Context) error // dials the server, past go-redis's pool and retries; nil: unknown client
+	logger           *slog.Logger
+	subs             *subscriber                 // one Pub/Sub connection for every waiter, open while any waits
+	probe            func(context.Context) error // dials the server, past go-redis's pool and retries; nil: unknown client
 	// unreachable: the last try ended on a failed dial (Provider.probe), so
 	// tries dial first, and a failed dial ends them probeAfter after the
 	// send unless answered, until one gets through (attempt.try).
