@@ -85,15 +85,16 @@ end
 // earlier run of the same acquire whose reply was lost (go-redis retries a
 // command whose reply timed out, so a run must be idempotent for its
 // token). Returns {0, ms} when it is not, ms being how long until a holder
-// expires (the holder's PTTL, or the first shared holder's), and {0, ms, 1}
-// when a shared caller was refused because a writer waits; {-1, 0} when
-// this token was voided (see janitor): an acquire given up for unknown must
-// never take the key afterwards.
+// expires (the holder's PTTL, or the first shared holder's); {0, ms, 1}
+// when a shared caller was refused because a writer waits, and {0, ms, 2}
+// when an exclusive caller was refused by shared holders and marked the
+// key; {-1, 0} when this token was voided (see janitor): an acquire given
+// up for unknown must never take the key afterwards.
 //
 // An exclusive caller is granted only if nobody holds the key, shared or
-// not; when it is refused and marks (ARGV[5] > 0), it adds itself to the
-// writers waiting, and a shared caller is refused while any is there (see
-// the package doc, Fairness). A shared caller is granted if no exclusive
+// not; when shared holders refuse it and it marks (ARGV[5] > 0), it adds
+// itself to the writers waiting, and a shared caller is refused while any
+// is there (see the package doc, Fairness). A shared caller is granted if no exclusive
 // holder holds the key, no writer waits, and its live holders are fewer
 // than the key's count (the first holder's ARGV[4]; 0: no limit). A shared
 // grant is a member of the holders and a marker, in the token's void
@@ -114,17 +115,7 @@ if holder == ARGV[1] then
 	return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
 local shared = ARGV[3] == '1'
-local function mark(ms)
-	local life = tonumber(ARGV[5])
-	if life > 0 then
-		redis.call('ZADD', KEYS[5], ms + life, ARGV[1])
-		extend(KEYS[5], life)
-	end
-end
 if holder and not isShared(holder) then
-	if not shared then
-		mark(now())
-	end
 	return {0, redis.call('PTTL', KEYS[1])}
 end
 local ms = now()
@@ -157,7 +148,11 @@ local function firstExpiry()
 end
 if not shared then
 	if live > 0 then
-		mark(ms)
+		if tonumber(ARGV[5]) > 0 then
+			redis.call('ZADD', KEYS[5], ms + tonumber(ARGV[5]), ARGV[1])
+			extend(KEYS[5], tonumber(ARGV[5]))
+			return {0, firstExpiry(), 2}
+		end
 		return {0, firstExpiry()}
 	end
 	local fence = nextFence(KEYS[2])
@@ -208,6 +203,7 @@ type attempt struct {
 	permits                         int           // with shared: the key's count (0: no limit)
 	markMS                          int64         // an exclusive waiter's mark life in ms (see markLife); 0: it does not mark
 	writerWaits                     bool          // the last try was a shared caller's, refused because a writer waits
+	marked                          bool          // a try of this exclusive caller marked the key (see unmark)
 	keys                            []string      // the acquire script's, made by its first run
 	args                            []any         // likewise
 }
@@ -242,9 +238,10 @@ func (p *Provider) markLife() time.Duration {
 // minMarkLife: see markLife.
 const minMarkLife = 250 * time.Millisecond
 
-// unmark takes a's mark, if it left one, off the writers waiting, in the
-// background: a writer that gives up must not hold back shared callers for
-// the rest of its mark's life. A plain ZREM, bounded by the mark's life
+// unmark takes a's mark off the writers waiting, in the background: a
+// writer that gives up must not hold back shared callers for the rest of
+// its mark's life. (A try whose reply was lost may have marked unseen:
+// that mark lapses on its own.) A plain ZREM, bounded by the mark's life
 // (the mark is gone by then anyway); a failure is left to that life.
 func (p *Provider) unmark(a *attempt) {
 	p.mu.Lock()
@@ -369,7 +366,7 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	defer done()
 	l, err := p.acquire(w, a, noWait)
 	if l == nil {
-		if a.markMS > 0 {
+		if a.marked {
 			p.unmark(a)
 		}
 		return nil, err
@@ -588,6 +585,7 @@ func (a *attempt) tryOn(ctx context.Context) (*lease, time.Duration, error) {
 		return nil, 0, fmt.Errorf("unexpected script reply %v", res)
 	}
 	a.writerWaits = len(res) > 2 && res[2] == 1
+	a.marked = a.marked || len(res) > 2 && res[2] == 2
 	switch res[0] {
 	case 1:
 		return a.p.newLease(a, uint64(res[1]), start), 0, nil

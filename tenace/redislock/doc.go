@@ -138,10 +138,11 @@
 // key when it is released (see Guarantees), and a stream of readers, each
 // granted while the others still hold the key, could keep a writer out
 // for ever. So a waiting writer marks the key: an exclusive caller that
-// finds the key taken, and would wait for it (a Timeout other than
+// finds the key held shared, and would wait for it (a Timeout other than
 // tenace.NoWait), adds its token to the key's writers waiting (a sorted
 // set, the key's name and ":writers", scored by when the mark lapses), and
-// every try it makes while it waits renews its mark. While any live mark
+// every try it makes while it waits and finds the key held shared renews
+// its mark. While any live mark
 // is there, no shared caller is granted, even if a permit is free: the
 // readers that hold the key finish, the writers waiting take it in turn,
 // and new readers are granted after them. A writer takes its mark off when
@@ -165,6 +166,11 @@
 //     oldest waiter of a key tries first on a release. A shared waiter woken
 //     by a release and refused because a writer waits wakes this process's
 //     oldest writer of the key, if one waits here.
+//   - A writer waiting for an exclusive holder does not mark (so a key
+//     used exclusive only costs no mark): when that holder releases,
+//     readers already waiting can win the race, once, and the writer marks
+//     on its next try. A mark left by a try whose reply was lost (an
+//     outage) is not taken off: it lapses.
 //   - AcquireSet does not mark: a set waiting for a key held shared can be
 //     kept out by new readers.
 //
