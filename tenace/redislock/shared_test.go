@@ -537,3 +537,33 @@ func TestSharedOnAClusterClient(t *testing.T) {
 	require.NoError(t, got.lease.Release(bg))
 	require.True(t, tryNow(t, p, "orders/7", bulk(2)))
 }
+
+// A shared waiter woken by a release and refused because a writer waits
+// wakes the writer of its process: with the fallback retry an hour away,
+// the writer, queued behind that shared waiter, is granted on the release
+// of the one permit they both wait for.
+func TestARefusedSharedWaiterWakesTheWriter(t *testing.T) {
+	_, c := setup(t)
+	p := newProvider(t, c, redislock.WithRetryInterval(time.Hour))
+	held := mustAcquire(t, p, "wake", bulk(1))
+	second := acquireAsync(bg, p, "wake", bulk(1))
+	eventually(t, "the shared waiter queued", func() bool { return p.Stats().Waiting == 1 })
+	w := acquireAsync(bg, p, "wake", tenace.LockAcquireOptions{Timeout: 5 * time.Second})
+	eventually(t, "the writer queued and marked", func() bool {
+		return p.Stats().Waiting == 2 && c.Exists(bg, "tenace:lock:{wake}:writers").Val() == 1
+	})
+	require.NoError(t, held.Release(bg)) // wakes the oldest waiter: the shared one
+	got := <-w
+	require.NoError(t, got.err)
+	require.NotNil(t, got.lease, "the writer, woken by the refused shared waiter")
+	select {
+	case r := <-second:
+		t.Fatalf("the shared waiter got (%v, %v) beside the writer", r.lease, r.err)
+	default:
+	}
+	require.NoError(t, got.lease.Release(bg))
+	r := <-second
+	require.NoError(t, r.err)
+	require.NotNil(t, r.lease, "the shared waiter, after the writer")
+	require.NoError(t, r.lease.Release(bg))
+}
