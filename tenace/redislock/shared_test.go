@@ -544,14 +544,18 @@ func TestSharedOnAClusterClient(t *testing.T) {
 // of the one permit they both wait for.
 func TestARefusedSharedWaiterWakesTheWriter(t *testing.T) {
 	_, c := setup(t)
+	tries := &countingHook{}
+	c.AddHook(tries)
 	p := newProvider(t, c, redislock.WithRetryInterval(time.Hour))
 	held := mustAcquire(t, p, "wake", bulk(1))
+	// Each waiter tries once, subscribes, and tries again once the
+	// subscription is confirmed: after its second try it waits for a wake.
 	second := acquireAsync(bg, p, "wake", bulk(1))
-	eventually(t, "the shared waiter queued", func() bool { return p.Stats().Waiting == 1 })
+	eventually(t, "the shared waiter's try after its subscription", func() bool { return tries.acquires.Load() == 3 })
 	w := acquireAsync(bg, p, "wake", tenace.LockAcquireOptions{Timeout: 5 * time.Second})
-	eventually(t, "the writer queued and marked", func() bool {
-		return p.Stats().Waiting == 2 && c.Exists(bg, "tenace:lock:{wake}:writers").Val() == 1
-	})
+	eventually(t, "the writer's try after its subscription", func() bool { return tries.acquires.Load() == 5 })
+	require.Equal(t, 2, p.Stats().Waiting)
+	require.Equal(t, int64(1), c.Exists(bg, "tenace:lock:{wake}:writers").Val(), "the writer marked the key")
 	require.NoError(t, held.Release(bg)) // wakes the oldest waiter: the shared one
 	got := <-w
 	require.NoError(t, got.err)
