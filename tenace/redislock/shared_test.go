@@ -572,3 +572,32 @@ func TestARefusedSharedWaiterWakesTheWriter(t *testing.T) {
 	require.NotNil(t, r.lease, "the shared waiter, after the writer")
 	require.NoError(t, r.lease.Release(bg))
 }
+
+// A writer's release admits every reader waiting in the process, not only
+// the one its message woke: a reader granted hands the wake-up on. The
+// fallback retry is an hour away, and the writer's key had a window to go.
+func TestAReleaseAdmitsEveryWaitingReader(t *testing.T) {
+	_, c := setup(t)
+	tries := &countingHook{}
+	c.AddHook(tries)
+	p := newProvider(t, c, redislock.WithRetryInterval(time.Hour))
+	held := mustAcquire(t, p, "admit", writer) // loads the script (two counted)
+	tries.acquires.Store(0)
+	var readers []<-chan result
+	for i := range 3 {
+		readers = append(readers, acquireAsync(bg, p, "admit", tenace.LockAcquireOptions{Shared: true, Timeout: 5 * time.Second}))
+		// its first try, and its try after the subscription: it waits
+		eventually(t, "the reader waits", func() bool { return tries.acquires.Load() == int64(2*(i+1)) })
+	}
+	require.NoError(t, held.Release(bg))
+	var leases []tenace.LockLease
+	for _, r := range readers {
+		got := <-r
+		require.NoError(t, got.err)
+		require.NotNil(t, got.lease, "every waiting reader admitted by one release")
+		leases = append(leases, got.lease)
+	}
+	for _, l := range leases {
+		require.NoError(t, l.Release(bg))
+	}
+}
