@@ -280,8 +280,9 @@ func validate(key string, opts tenace.LockAcquireOptions) error {
 // any number, a read/write lock; N for at most N holders, a keyed
 // bulkhead), granted beside other shared holders and never beside an
 // exclusive one; without it, the whole key. An exclusive caller that
-// waits holds back new shared callers of key until it is granted or gives
-// up (see the package doc, Fairness). Everything below holds for both.
+// waits for shared holders holds back new shared callers of key until it
+// is granted or gives up (see the package doc, Fairness between readers
+// and writers). Everything below holds for both.
 //
 // An outage is an error, never (nil, nil): a server that refuses
 // connections or cannot be reached, or answers with an error, fails the
