@@ -17,15 +17,88 @@ import (
 	"tenace.dev/tenace/internal/noreply"
 )
 
+// sharedLua is the Lua the scripts that touch shared holders begin with.
+//
+// A key held shared has its lock name set to sharedPrefix and the key's
+// permit count ("shared:5"; "shared:0" for any number), which never equals
+// a grant token (32 hex digits): so an exclusive caller, a set, and a
+// process running a version before shared locks all see the key held, and
+// none of them touches it. The holders are a sorted set (holdersKey) whose
+// members are grant tokens and scores their expiry in ms on the server's
+// clock; the lock name's own expiry is kept at the latest of them, so that
+// it outlives every live holder, and it is deleted with the last one.
+//
+// now() is the server's TIME in ms; prune(h, now) drops the holders of
+// sorted set h that expired; settle(lock, h, now) deletes lock and h once h
+// has no live holder, else sets lock's expiry to the latest holder's;
+// extend(k, px) makes k live at least px ms more.
+const sharedLua = `
+local function now()
+	local t = redis.call('TIME')
+	return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function prune(h, ms)
+	redis.call('ZREMRANGEBYSCORE', h, '-inf', ms)
+end
+local function isShared(v)
+	return v and string.sub(v, 1, 7) == 'shared:'
+end
+local function settle(lock, h, ms)
+	prune(h, ms)
+	local last = redis.call('ZRANGE', h, -1, -1, 'WITHSCORES')
+	local v = redis.call('GET', lock)
+	if #last == 0 then
+		if isShared(v) then
+			redis.call('DEL', lock)
+		end
+		redis.call('DEL', h)
+	elseif isShared(v) then
+		redis.call('PEXPIREAT', lock, last[2])
+	end
+end
+local function extend(k, px)
+	local ttl = redis.call('PTTL', k)
+	if ttl < px then
+		redis.call('PEXPIRE', k, px)
+	end
+end
+local function nextFence(k)
+	local t = redis.call('TIME')
+	local fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
+	local last = tonumber(redis.call('GET', k) or '0')
+	if last >= fence then
+		fence = last + 1
+	end
+	redis.call('SET', k, string.format('%.0f', fence))
+	return fence
+end
+`
+
 // acquireScript: KEYS[1] the lock, KEYS[2] its fencing counter, KEYS[3]
-// the void marker of this token; ARGV[1] the token, ARGV[2] the TTL in ms.
+// the void marker of this token, KEYS[4] the shared holders, KEYS[5] the
+// writers waiting; ARGV[1] the token, ARGV[2] the first expiry in ms,
+// ARGV[3] "1" for a shared caller, ARGV[4] its permit count, ARGV[5] the
+// life in ms of an exclusive waiter's mark (0: it does not mark), ARGV[6]
+// a void marker's life in ms.
 //
 // Returns {1, fence} when the key is this token's: granted now, or by an
 // earlier run of the same acquire whose reply was lost (go-redis retries a
 // command whose reply timed out, so a run must be idempotent for its
-// token). Returns {0, the holder's PTTL} when another token holds the key,
-// and {-1, 0} when this token was voided (see janitor): an acquire given up
-// for unknown must never take the key afterwards.
+// token). Returns {0, ms} when it is not, ms being how long until a holder
+// expires (the holder's PTTL, or the first shared holder's); {0, ms, 1}
+// when a shared caller was refused because a writer waits, and {0, ms, 2}
+// when an exclusive caller was refused by shared holders and marked the
+// key; {-1, 0} when this token was voided (see janitor): an acquire given
+// up for unknown must never take the key afterwards.
+//
+// An exclusive caller is granted only if nobody holds the key, shared or
+// not; when shared holders refuse it and it marks (ARGV[5] > 0), it adds
+// itself to the writers waiting, and a shared caller is refused while any
+// is there (see the package doc, Fairness). A shared caller is granted if no exclusive
+// holder holds the key, no writer waits, and its live holders are fewer
+// than the key's count (the first holder's ARGV[4]; 0: no limit). A shared
+// grant is a member of the holders and a marker, in the token's void
+// marker, that keeps its fencing token for a retry of the same acquire.
 //
 // The fencing token is max(counter + 1, the server's TIME in µs): strictly
 // above every earlier token of the key while the counter lives, and, after
@@ -36,24 +109,83 @@ import (
 // and formatted with %.0f, since tostring would round to 14 digits.
 var acquireScript = redis.NewScript(`
 redis.replicate_commands()
+` + sharedLua + `
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
 	return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
-if holder then
+local shared = ARGV[3] == '1'
+if holder and not isShared(holder) then
 	return {0, redis.call('PTTL', KEYS[1])}
 end
-if redis.call('EXISTS', KEYS[3]) == 1 then
+local ms = now()
+local void = redis.call('GET', KEYS[3])
+if shared and void and string.sub(void, 1, 5) == 'held:' then
+	local exp = redis.call('ZSCORE', KEYS[4], ARGV[1])
+	if exp and tonumber(exp) > ms then
+		return {1, tonumber(string.sub(void, 6))}
+	end
+	void = nil
+end
+local live = 0
+if holder or redis.call('EXISTS', KEYS[4]) == 1 then
+	prune(KEYS[4], ms)
+	live = redis.call('ZCARD', KEYS[4])
+	if live == 0 then
+		redis.call('DEL', KEYS[4])
+		if holder then
+			redis.call('DEL', KEYS[1])
+			holder = nil
+		end
+	end
+end
+if void then
 	return {-1, 0}
 end
-local t = redis.call('TIME')
-local fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-if last >= fence then
-	fence = last + 1
+local function firstExpiry()
+	local e = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+	return tonumber(e[2]) - ms
 end
-redis.call('SET', KEYS[2], string.format('%.0f', fence))
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if not shared then
+	if live > 0 then
+		if tonumber(ARGV[5]) > 0 then
+			redis.call('ZADD', KEYS[5], ms + tonumber(ARGV[5]), ARGV[1])
+			extend(KEYS[5], tonumber(ARGV[5]))
+			return {0, firstExpiry(), 2}
+		end
+		return {0, firstExpiry()}
+	end
+	local fence = nextFence(KEYS[2])
+	redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+	if redis.call('EXISTS', KEYS[5]) == 1 then
+		redis.call('ZREM', KEYS[5], ARGV[1])
+	end
+	return {1, fence}
+end
+if redis.call('EXISTS', KEYS[5]) == 1 then
+	prune(KEYS[5], ms)
+	local w = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+	if #w > 0 then
+		return {0, tonumber(w[2]) - ms, 1}
+	end
+end
+local count = ARGV[4]
+if holder then
+	count = string.sub(holder, 8)
+end
+if tonumber(count) > 0 and live >= tonumber(count) then
+	return {0, firstExpiry()}
+end
+local fence = nextFence(KEYS[2])
+local px = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[4], ms + px, ARGV[1])
+redis.call('SET', KEYS[3], 'held:' .. string.format('%.0f', fence), 'PX', ARGV[6])
+if holder then
+	extend(KEYS[1], px)
+else
+	redis.call('SET', KEYS[1], 'shared:' .. count, 'PX', px)
+end
+extend(KEYS[4], px)
 return {1, fence}
 `)
 
@@ -63,9 +195,17 @@ return {1, fence}
 type attempt struct {
 	p                               *Provider
 	key, lockKey, fenceKey, channel string
+	holdersKey, writersKey          string
 	token, voidKey                  string
 	pxMS                            int64         // the first expiry Redis is told, whole ms: min(window, TTL)
 	ttl                             time.Duration // the cap, whole ms; 0: none
+	shared                          bool          // a shared caller: one of the key's permits
+	permits                         int           // with shared: the key's count (0: no limit)
+	markMS                          int64         // an exclusive waiter's mark life in ms (see markLife); 0: it does not mark
+	writerWaits                     bool          // the last try was a shared caller's, refused because a writer waits
+	marked                          bool          // a try of this exclusive caller marked the key (see unmark)
+	keys                            []string      // the acquire script's, made by its first run
+	args                            []any         // likewise
 }
 
 func (p *Provider) newAttempt(key string, ttl time.Duration) *attempt {
@@ -73,6 +213,7 @@ func (p *Provider) newAttempt(key string, ttl time.Duration) *attempt {
 	_, _ = rand.Read(raw[:]) // never fails on supported platforms (crypto/rand panics if it does)
 	a := &attempt{p: p, key: key, token: hex.EncodeToString(raw[:])}
 	a.lockKey, a.fenceKey, a.channel = p.names(key)
+	a.holdersKey, a.writersKey = a.lockKey+":holders", a.lockKey+":writers"
 	a.voidKey = voidKey(a.lockKey, a.token)
 	// Whole milliseconds, rounded down: the lease never promises more than
 	// the server keeps.
@@ -85,14 +226,43 @@ func (p *Provider) newAttempt(key string, ttl time.Duration) *attempt {
 	return a
 }
 
+// markLife is how long a waiting writer's mark lasts past its last try
+// (see the package doc, Fairness): three fallback retry intervals, a
+// waiter trying at least once an interval, and at least minMarkLife, so
+// that a try or two delayed on a loaded machine does not let it lapse. A
+// writer that dies while it waits holds back new shared callers that long.
+func (p *Provider) markLife() time.Duration {
+	return max(3*p.retry, minMarkLife)
+}
+
+// minMarkLife: see markLife.
+const minMarkLife = 250 * time.Millisecond
+
+// unmark takes a's mark off the writers waiting, in the background: a
+// writer that gives up must not hold back shared callers for the rest of
+// its mark's life. (A try whose reply was lost may have marked unseen:
+// that mark lapses on its own.) A plain ZREM, bounded by the mark's life
+// (the mark is gone by then anyway); a failure is left to that life.
+func (p *Provider) unmark(a *attempt) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return // the marks lapse on their own
+	}
+	p.bg.Add(1)
+	go func() {
+		defer p.bg.Done()
+		ctx, cancel := context.WithTimeout(p.stop, time.Duration(a.markMS)*time.Millisecond)
+		defer cancel()
+		_ = p.client.ZRem(ctx, a.writersKey, a.token).Err()
+	}()
+}
+
 // validate checks what Acquire is given: the kit's checks, and Redis's
 // resolution of a millisecond.
 func validate(key string, opts tenace.LockAcquireOptions) error {
 	if err := tenace.ValidateAcquire(key, opts); err != nil {
 		return err
-	}
-	if opts.Shared {
-		return fmt.Errorf("%w: LockAcquireOptions.Shared: redislock does not support shared locks or permits yet; take the key exclusive, or use a tenace.MemoryLockProvider", tenace.ErrInvalidOption)
 	}
 	if opts.TTL > 0 && opts.TTL < time.Millisecond {
 		return fmt.Errorf("%w: LockAcquireOptions.TTL is %v; Redis keeps TTLs in whole milliseconds: use 1ms or more, or 0 for the provider's default", tenace.ErrInvalidOption, opts.TTL)
@@ -105,6 +275,14 @@ func validate(key string, opts tenace.LockAcquireOptions) error {
 // another call holds key and the wait for its release ran out (with
 // NoWait, at once on that answer); (nil, ctx's error) when ctx ends first,
 // also when it ends during a Redis call; (nil, err) when Redis fails.
+//
+// With opts.Shared the lease is one of key's permits (opts.Permits: 0 for
+// any number, a read/write lock; N for at most N holders, a keyed
+// bulkhead), granted beside other shared holders and never beside an
+// exclusive one; without it, the whole key. An exclusive caller that
+// waits for shared holders holds back new shared callers of key until it
+// is granted or gives up (see the package doc, Fairness between readers
+// and writers). Everything below holds for both.
 //
 // An outage is an error, never (nil, nil): a server that refuses
 // connections or cannot be reached, or answers with an error, fails the
@@ -179,14 +357,29 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	if ttl == 0 {
 		ttl = p.ttl
 	}
+	a := p.newAttempt(key, ttl)
+	noWait := opts.Timeout == tenace.NoWait
+	a.shared, a.permits = opts.Shared, opts.Permits
+	if !a.shared && !noWait {
+		a.markMS = p.markArg.(int64)
+	}
 	w, done := p.waitContexts(ctx, opts)
 	defer done()
-	l, err := p.acquire(w, p.newAttempt(key, ttl), opts.Timeout == tenace.NoWait)
+	l, err := p.acquire(w, a, noWait)
 	if l == nil {
+		if a.marked {
+			p.unmark(a)
+		}
 		return nil, err
 	}
 	return l, nil
 }
+
+// SupportsShared reports true: Acquire honours LockAcquireOptions.Shared
+// and Permits (tenace.SharedLockProvider): read/write locks and N permits
+// per key, across every process on the server (see the package doc,
+// Shared locks). AcquireSet takes its keys exclusive only.
+func (p *Provider) SupportsShared() bool { return true }
 
 // waitCtx is one Acquire's contexts: caller is the caller's ctx; acq ends
 // with it or at the Timeout, on the options' Clock (tenace.AcquireContext);
@@ -296,7 +489,7 @@ func (p *Provider) acquire(w waitCtx, a *attempt, noWait bool) (*lease, error) {
 	// Subscribe first, then try again: a release between the first try and
 	// the subscription would otherwise go unheard. The subscription shares
 	// the provider's one Pub/Sub connection.
-	sw, err := p.subs.subscribe(w.call, a.channel)
+	sw, err := p.subs.subscribe(w.call, a.channel, !a.shared)
 	if errors.Is(err, errClosed) {
 		return nil, errClosed
 	}
@@ -307,7 +500,9 @@ func (p *Provider) acquire(w waitCtx, a *attempt, noWait bool) (*lease, error) {
 		return nil, a.outcome(w, fmt.Errorf("redislock: subscribing to the release channel of %s: %w", keyfmt.Quote(a.key), err), nil)
 	}
 	acquired := false
-	defer func() { p.subs.unsubscribe(sw, acquired) }()
+	// A waiter that leaves without the lock hands a wake-up on, and so does
+	// a shared one granted: the release may have room for the next too.
+	defer func() { p.subs.unsubscribe(sw, acquired && !a.shared) }()
 	// Until Redis confirms the subscription a release could go unheard, so
 	// the confirmation itself means: try again. After it, a release message
 	// (or a broken connection, which may have lost one) wakes the waiter,
@@ -316,10 +511,12 @@ func (p *Provider) acquire(w waitCtx, a *attempt, noWait bool) (*lease, error) {
 	retry := time.NewTimer(p.nextWait(holderTTL))
 	defer retry.Stop()
 	for {
+		woken := false
 		select {
 		case <-confirmed:
 			confirmed = nil
 		case <-sw.wake:
+			woken = true
 		case <-retry.C:
 		case <-w.acq.Done():
 			return nil, a.outcome(w, nil, nil)
@@ -336,6 +533,11 @@ func (p *Provider) acquire(w waitCtx, a *attempt, noWait bool) (*lease, error) {
 		if l != nil {
 			acquired = true
 			return l, nil
+		}
+		if woken && a.writerWaits {
+			// The release that woke this shared waiter is a writer's to
+			// take: a writer of this process, if one waits, tries now.
+			p.subs.wakeWriter(sw)
 		}
 		retry.Reset(p.nextWait(holderTTL))
 	}
@@ -380,9 +582,11 @@ func (a *attempt) tryOn(ctx context.Context) (*lease, time.Duration, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	if len(res) != 2 {
+	if len(res) < 2 {
 		return nil, 0, fmt.Errorf("unexpected script reply %v", res)
 	}
+	a.writerWaits = len(res) > 2 && res[2] == 1
+	a.marked = a.marked || len(res) > 2 && res[2] == 2
 	switch res[0] {
 	case 1:
 		return a.p.newLease(a, uint64(res[1]), start), 0, nil
@@ -394,9 +598,26 @@ func (a *attempt) tryOn(ctx context.Context) (*lease, time.Duration, error) {
 }
 
 // run runs the acquire script once and returns its reply.
+// Its keys and arguments are made once, on the first try: a waiter's
+// later tries allocate none.
 func (a *attempt) run(ctx context.Context) ([]int64, error) {
-	return acquireScript.Run(ctx, a.p.client, []string{a.lockKey, a.fenceKey, a.voidKey}, a.token, a.pxMS).Int64Slice()
+	if a.keys == nil {
+		shared := argExclusive
+		if a.shared {
+			shared = argShared
+		}
+		a.keys = []string{a.lockKey, a.fenceKey, a.voidKey, a.holdersKey, a.writersKey}
+		mark := argNone
+		if a.markMS > 0 {
+			mark = a.p.markArg
+		}
+		a.args = []any{a.token, a.pxMS, shared, a.permits, mark, a.p.voidArg}
+	}
+	return acquireScript.Run(ctx, a.p.client, a.keys, a.args...).Int64Slice()
 }
+
+// The acquire script's mode argument, and a mark life of none, boxed once.
+var argExclusive, argShared, argNone any = "0", "1", int64(0)
 
 // outcomeWait bounds how long outcome waits for a context whose deadline
 // has passed to report its end. Its timer fires within microseconds, or as

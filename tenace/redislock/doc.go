@@ -77,6 +77,103 @@
 // least 15s) after the acquire failed if the server never answers. A void
 // given up is logged through WithLogger.
 //
+// # Shared locks and permits
+//
+// Provider is a tenace.SharedLockProvider: an Acquire with
+// LockAcquireOptions.Shared takes one of the key's permits, beside other
+// shared holders and never beside an exclusive holder (Shared false, which
+// takes the whole key), in every process on the server. With Permits 0 that
+// is a read/write lock (readers set Shared, writers do not); with Permits
+// N, at most N callers hold the key at once — a keyed bulkhead, "at most 5
+// exports per customer across replicas".
+//
+//	locks.Acquire(ctx, "config:acme", tenace.LockAcquireOptions{Shared: true})             // a reader
+//	locks.Acquire(ctx, "config:acme", tenace.LockAcquireOptions{})                         // a writer
+//	locks.Acquire(ctx, "export:acme", tenace.LockAcquireOptions{Shared: true, Permits: 5}) // one of 5
+//
+// The shared holders of a key are a sorted set (its name and ":holders")
+// whose members are the grant tokens and scores their expiry, in ms on the
+// server's clock; while any holds the key, the lock name holds "shared:N"
+// (N the permit count) instead of a token, expiring with the latest holder.
+// Each try's script first drops the holders whose expiry has passed
+// (ZREMRANGEBYSCORE by the server's TIME); then it grants a shared caller
+// if no exclusive holder holds the key, no writer waits (below), and the
+// live holders are fewer than the count (or the count is 0); an exclusive
+// caller only if the lock name is free or "shared:N" with no live holder
+// left. The count is the first shared holder's, kept in "shared:N" while
+// any holds the key: every caller of a key should pass the same Permits (a
+// caller passing another gets the key's). Each shared grant gets its own
+// fencing token from the key's counter, strictly increasing with every
+// grant, shared or not (a resource that fences writes should fence only
+// the exclusive holders' writes). A shared grant also writes its token's
+// void marker early, with its fencing token in it, so that a copy of its
+// acquire that reaches the server again (a go-redis retry) finds its own
+// grant and token; its release overwrites it, so a shared grant costs the
+// same marker an exclusive one's release does.
+//
+// A shared lease is kept alive, lost and released as an exclusive one
+// (Keepalive, below), per holder: its renewal re-scores only its own
+// member, if it is still there and live, and otherwise reports the lease
+// lost; Release removes its member, frees the lock name with the last
+// holder, and publishes the release, which wakes a waiter, and a waiter
+// granted a shared permit wakes the next. A holder that dies gives its
+// permit back within one window; the TTL, Close and the loss rules hold as
+// for an exclusive lease, and so do the outage rules (ErrNoReply,
+// ECONNREFUSED) and the voids of an acquire whose outcome is unknown. A
+// shared lease counts as one in Stats' Held. AcquireSet takes its keys
+// exclusive only (Shared is refused there with tenace.ErrInvalidOption),
+// and sees a key held shared as held.
+//
+// Versions before shared locks see a key held shared as held (its lock
+// name holds "shared:N", never their token) and leave it alone, and every
+// version sees their exclusive holders: so processes on the previous
+// version and on this one still exclude each other on every key, shared
+// ones included, as long as only this version asks for Shared. A key whose
+// shared holders died is seen held by the previous version (and by a set)
+// until the latest expiry any of them was given, at most one window.
+//
+// # Fairness between readers and writers
+//
+// There is no queue on the server: across processes, waiters race for a
+// key when it is released (see Guarantees), and a stream of readers, each
+// granted while the others still hold the key, could keep a writer out
+// for ever. So a waiting writer marks the key: an exclusive caller that
+// finds the key held shared, and would wait for it (a Timeout other than
+// tenace.NoWait), adds its token to the key's writers waiting (a sorted
+// set, the key's name and ":writers", scored by when the mark lapses), and
+// every try it makes while it waits and finds the key held shared renews
+// its mark. While any live mark
+// is there, no shared caller is granted, even if a permit is free: the
+// readers that hold the key finish, the writers waiting take it in turn,
+// and new readers are granted after them. A writer takes its mark off when
+// it is granted, and, in the background, when it gives up (a Timeout, ctx,
+// an error). The rule and its limits:
+//
+//   - Writers first: a stream of writers can keep readers out, as readers
+//     alone could keep a writer out without the mark; one waiting writer
+//     holds back every new reader of the key, including a process's own
+//     readers of a key it holds shared (so never wait for a write to a key
+//     you hold for reading: that waits for your own reader, and holds back
+//     the readers it would need to finish).
+//   - A mark lapses three fallback retry intervals (WithRetryInterval, 3s
+//     by default), and at least 250ms, after its writer's last try, since a
+//     waiter tries again at least once an interval: a writer whose process
+//     dies while it waits holds back new readers that long. A writer whose
+//     process is starved of CPU past that loses its mark until its next
+//     try: fairness, not safety, is lost.
+//   - Among writers, and among the callers of a bulkhead (all shared, so
+//     no marks), there is no order across processes; within a process the
+//     oldest waiter of a key tries first on a release. A shared waiter woken
+//     by a release and refused because a writer waits wakes this process's
+//     oldest writer of the key, if one waits here.
+//   - A writer waiting for an exclusive holder does not mark (so a key
+//     used exclusive only costs no mark): when that holder releases,
+//     readers already waiting can win the race, once, and the writer marks
+//     on its next try. A mark left by a try whose reply was lost (an
+//     outage) is not taken off: it lapses.
+//   - AcquireSet does not mark: a set waiting for a key held shared can be
+//     kept out by new readers.
+//
 // # Several keys
 //
 // AcquireSet (tenace.AcquireAll, and a Lock with LockOptions.Keys) takes a
@@ -97,8 +194,9 @@
 // # Names
 //
 // The lock of key is named prefix + "{" + key + "}"; its fencing counter,
-// release channel and void markers are that name and a suffix (":fence",
-// ":released", ":void:" and the token), so they share its hash tag — key
+// release channel, void markers, shared holders and writers waiting are
+// that name and a suffix (":fence", ":released", ":void:" and the token,
+// ":holders", ":writers"), so they share its hash tag — key
 // up to its first "}" — and the scripts work on a Redis Cluster. The prefix
 // must not contain braces. A key that starts with "}" would make that tag
 // empty, which Redis ignores (the names would hash to different slots), so

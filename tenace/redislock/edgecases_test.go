@@ -303,7 +303,7 @@ func (h *blockRetries) DialHook(next redis.DialHook) redis.DialHook { return nex
 func (h *blockRetries) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if n := cmd.Name(); n == "evalsha" || n == "eval" {
-			if fmt.Sprint(cmd.Args()[2]) == "3" && h.armed.CompareAndSwap(true, false) { // three keys: the acquire script
+			if fmt.Sprint(cmd.Args()[2]) == "5" && h.armed.CompareAndSwap(true, false) { // five keys: the acquire script
 				close(h.inFlight)
 				<-ctx.Done()
 				cmd.SetErr(ctx.Err())

@@ -79,3 +79,43 @@ func ExampleProvider_Acquire() {
 }
 
 func longImport(context.Context) error { return nil }
+
+// A read/write lock per tenant across every replica: readers of a tenant's
+// configuration share the key, a writer has it alone, and a writer waiting
+// holds back the readers that come after it. (Not run: it needs a Redis
+// server on localhost:6379.)
+func ExampleProvider_SupportsShared_readWrite() {
+	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
+	defer client.Close()
+	locks := redislock.New(client)
+	defer locks.Close()
+
+	read := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: locks, Key: "config:acme", Shared: true, Timeout: time.Second})
+	write := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: locks, Key: "config:acme", Timeout: 5 * time.Second})
+	ctx := context.Background()
+	_ = read.Execute(ctx, func(context.Context) error { return nil })  // beside other readers
+	_ = write.Execute(ctx, func(context.Context) error { return nil }) // alone
+}
+
+// A keyed bulkhead: at most 5 exports per customer at once, across every
+// replica; a sixth waits up to its Timeout for a permit. Every caller of
+// a key passes the same Permits (the first holder's count is the key's
+// while any holds it). A holder that dies gives its permit back within
+// one window. (Not run: it needs a Redis server on localhost:6379.)
+func ExampleProvider_SupportsShared_bulkhead() {
+	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
+	defer client.Close()
+	locks := redislock.New(client)
+	defer locks.Close()
+
+	exports := tenace.NewPolicy().WithLock(tenace.LockOptions{
+		Provider: locks, Key: "export:customer-42", Shared: true, Permits: 5, Timeout: 30 * time.Second,
+	})
+	err := exports.Execute(context.Background(), func(ctx context.Context) error {
+		return nil // one of at most 5 exports of customer 42 running now
+	})
+	var nae *tenace.LockNotAcquiredError
+	if errors.As(err, &nae) {
+		// 5 exports of this customer ran for the whole 30s: try later
+	}
+}

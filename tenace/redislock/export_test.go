@@ -24,6 +24,11 @@ func RunAcquireScript(ctx context.Context, l tenace.LockLease) (int64, error) {
 	return res[0], nil
 }
 
+// RunAcquireScriptReply is RunAcquireScript with the whole reply.
+func RunAcquireScriptReply(ctx context.Context, l tenace.LockLease) ([]int64, error) {
+	return l.(*lease).a.run(ctx)
+}
+
 // OnPubSubBackoff makes p's Pub/Sub receive loops call f with each pause
 // they take before reading again after a failed read. Call it before p's
 // first wait.
@@ -43,7 +48,9 @@ func PendingVoids(p *Provider) (pending int, running bool) {
 // SetVoidLife sets how long p's void markers live, and so how long its
 // janitor tries a void the server never answers. Call it before p's first
 // Acquire.
-func SetVoidLife(p *Provider, d time.Duration) { p.voidMS = d.Milliseconds() }
+func SetVoidLife(p *Provider, d time.Duration) {
+	p.voidMS, p.voidArg = d.Milliseconds(), d.Milliseconds()
+}
 
 // LossMargin is how long before the expiry the server was told (px long)
 // a lease is reported lost.
@@ -52,3 +59,13 @@ func LossMargin(px time.Duration) time.Duration { return lossMargin(px) }
 // LateReply is how long after the Timeout a try in flight may bring its
 // reply.
 const LateReply = lateReply
+
+// SharedMember returns the sorted set of l's key's shared holders and l's
+// member of it, if l is a shared lease.
+func SharedMember(l tenace.LockLease) (holders, member string, ok bool) {
+	a := l.(*lease).a
+	return a.holdersKey, a.token, a.shared
+}
+
+// MarkLife is how long p's waiting writers' marks last past their last try.
+func MarkLife(p *Provider) time.Duration { return p.markLife() }

@@ -30,6 +30,30 @@ end
 return 0
 `)
 
+// sharedVoidScript: KEYS[1] the lock, KEYS[2] the token's void marker,
+// KEYS[3] the shared holders; ARGV as voidScript's. voidScript for a
+// shared caller: it marks the token void and removes its member if it is
+// one of the holders (see sharedReleaseScript).
+var sharedVoidScript = redis.NewScript(`
+redis.replicate_commands()
+` + sharedLua + `
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
+if redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
+	settle(KEYS[1], KEYS[3], now())
+	redis.call('PUBLISH', ARGV[2], '1')
+	return 1
+end
+return 0
+`)
+
+// void runs a's void script once.
+func (a *attempt) void(ctx context.Context) error {
+	if a.shared {
+		return sharedVoidScript.Run(ctx, a.p.client, []string{a.lockKey, a.voidKey, a.holdersKey}, a.token, a.channel, a.p.voidMS).Err()
+	}
+	return voidScript.Run(ctx, a.p.client, []string{a.lockKey, a.voidKey}, a.token, a.channel, a.p.voidMS).Err()
+}
+
 // minVoidLife is the shortest life of a token's void marker (set by a
 // void, and by a release): a marker lives one window, and at least this
 // long, and at least as long as the client's options let go-redis send
@@ -178,7 +202,7 @@ func (j *janitor) run() {
 
 		a := v.a
 		ctx, cancel := context.WithTimeout(j.stop, voidCallTimeout)
-		err := voidScript.Run(ctx, j.p.client, []string{a.lockKey, a.voidKey}, a.token, a.channel, j.p.voidMS).Err()
+		err := a.void(ctx)
 		cancel()
 		var reply redis.Error
 		answered := errors.As(err, &reply)

@@ -29,7 +29,8 @@ import (
 
 // scriptHook calls its function with the number of keys of every script
 // the client sends (EVAL/EVALSHA sha numkeys ...): "1" a renewal, "2" a
-// release (or a void), "3" an acquire.
+// release (or a void), "5" an acquire; a shared lease's renewal has 2 keys,
+// its release and void 3.
 type scriptHook func(numKeys string)
 
 func (f scriptHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -92,9 +93,17 @@ func TestConformance(t *testing.T) {
 		ExactStats: true,
 		Close:      true,
 		Shared:     true,
+		ReadWrite:  true,
+		Permits:    true,
 		MinTTL:     keptWindow + 100*time.Millisecond,
 		WaitBound:  5 * time.Second,
 		Lose: func(t *testing.T, l tenace.LockLease) {
+			if holders, member, ok := redislock.SharedMember(l); ok {
+				// A shared holder: its member of the key's holders, as a
+				// holder that stopped renewing loses it.
+				require.Equal(t, int64(1), c.ZRem(bg, holders, member).Val(), "the shared lease's member")
+				return
+			}
 			// Delete every lock key this lease could hold: the suite's keys
 			// are its own.
 			keys, err := c.Keys(bg, "tenace:lock:{*}").Result()
@@ -143,12 +152,17 @@ func TestWorkLongerThanTheWindowKeepsTheLock(t *testing.T) {
 const holderEnv = "TENACE_REDISLOCK_HOLDER"
 
 // holderProcess is the test binary re-run as a lock holder: it takes
-// "killed" with a one-hour TTL and a 300 ms window, says so on stdout, and
+// "killed" (with holderSharedEnv, one of two permits of "killedshared")
+// with a one-hour TTL and a 300 ms window, says so on stdout, and
 // holds it until it is killed.
 func holderProcess(addr string) int {
 	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	p := redislock.New(c, redislock.WithWindow(300*time.Millisecond))
-	l, err := p.Acquire(bg, "killed", tenace.LockAcquireOptions{TTL: time.Hour})
+	key, opts := "killed", tenace.LockAcquireOptions{TTL: time.Hour}
+	if os.Getenv(holderSharedEnv) != "" {
+		key, opts.Shared, opts.Permits = "killedshared", true, 2
+	}
+	l, err := p.Acquire(bg, key, opts)
 	if err != nil || l == nil {
 		fmt.Fprintln(os.Stderr, "acquire:", l, err)
 		return 1
@@ -393,7 +407,7 @@ func TestASlowGrantIsRenewedBeforeItsExpiry(t *testing.T) {
 	var once sync.Once
 	sent := make(chan struct{})
 	c.AddHook(scriptHook(func(numKeys string) {
-		if numKeys == "3" {
+		if numKeys == "5" {
 			once.Do(func() { close(sent) })
 		}
 	}))

@@ -47,6 +47,48 @@ end
 return 0
 `)
 
+// sharedRenewScript: KEYS[1] the lock, KEYS[2] the shared holders;
+// ARGV[1] the grant's token, ARGV[2] the new expiry from now, in ms.
+// renewScript for a shared holder: it re-scores only this holder's own
+// member, if it is still there and live, and keeps the lock name and the
+// holders alive at least as long (see sharedLua).
+var sharedRenewScript = redis.NewScript(`
+redis.replicate_commands()
+` + sharedLua + `
+local ms = now()
+local exp = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if exp and tonumber(exp) > ms then
+	local px = tonumber(ARGV[2])
+	redis.call('ZADD', KEYS[2], 'XX', ms + px, ARGV[1])
+	if isShared(redis.call('GET', KEYS[1])) then
+		extend(KEYS[1], px)
+	end
+	extend(KEYS[2], px)
+	return 1
+end
+return 0
+`)
+
+// sharedReleaseScript: KEYS[1] the lock, KEYS[2] the token's void marker,
+// KEYS[3] the shared holders; ARGV as releaseScript's. releaseScript for
+// a shared holder: it removes this holder's member, frees the lock name
+// with the last holder (else keeps it as long as the latest), marks the
+// token released and publishes the release; a second run finds the marker.
+var sharedReleaseScript = redis.NewScript(`
+redis.replicate_commands()
+` + sharedLua + `
+if redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
+	redis.call('SET', KEYS[2], 'released', 'PX', ARGV[3])
+	settle(KEYS[1], KEYS[3], now())
+	redis.call('PUBLISH', ARGV[2], '1')
+	return 1
+end
+if redis.call('GET', KEYS[2]) == 'released' then
+	return 1
+end
+return 0
+`)
+
 // errProviderClosedLost is the loss of the leases held when their provider
 // is closed.
 var errProviderClosedLost = fmt.Errorf("%w: redislock: the provider was closed, so the lease is no longer renewed", tenace.ErrLeaseLost)
@@ -87,7 +129,7 @@ type lease struct {
 	a     *attempt
 	fence uint64
 	cap   time.Time // when the TTL is reached; zero: no cap
-	keys  []string  // {the lock key}, for the renewal script
+	keys  []string  // {the lock key}, and the holders of a shared lease, for the renewal script
 	token any       // the grant's token, boxed once for the scripts
 
 	mu     sync.Mutex
@@ -113,6 +155,9 @@ var (
 func (p *Provider) newLease(a *attempt, fence uint64, sent time.Time) *lease {
 	px := time.Duration(a.pxMS) * time.Millisecond
 	l := &lease{a: a, fence: fence, keys: []string{a.lockKey}, token: a.token, state: stateHeld, expiry: sent.Add(px)}
+	if a.shared {
+		l.keys = append(l.keys, a.holdersKey)
+	}
 	l.lossAt = l.expiry.Add(-lossMargin(px))
 	if a.ttl > 0 {
 		l.cap = sent.Add(a.ttl)
@@ -221,7 +266,11 @@ func (l *lease) renew() {
 	l.mu.Unlock()
 
 	ctx, cancel := context.WithDeadline(p.stop, deadline)
-	n, err := renewScript.Run(ctx, p.client, l.keys, l.token, px.Milliseconds()).Int()
+	script := renewScript
+	if l.a.shared {
+		script = sharedRenewScript
+	}
+	n, err := script.Run(ctx, p.client, l.keys, l.token, px.Milliseconds()).Int()
 	cancel()
 
 	l.mu.Lock()
@@ -392,6 +441,9 @@ func (l *lease) Release(ctx context.Context) error {
 // releaseCall runs releaseScript once for l.
 func (l *lease) releaseCall(ctx context.Context) (int, error) {
 	a := l.a
+	if a.shared {
+		return sharedReleaseScript.Run(ctx, a.p.client, []string{a.lockKey, a.voidKey, a.holdersKey}, l.token, a.channel, a.p.voidMS).Int()
+	}
 	return releaseScript.Run(ctx, a.p.client, []string{a.lockKey, a.voidKey}, l.token, a.channel, a.p.voidMS).Int()
 }
 

@@ -240,7 +240,7 @@ func (tryLogger) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (tryLogger) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		rec, _ := ctx.Value(tryLogKey{}).(*tryLog)
-		if n := cmd.Name(); rec == nil || (n != "evalsha" && n != "eval") || fmt.Sprint(cmd.Args()[2]) != "3" {
+		if n := cmd.Name(); rec == nil || (n != "evalsha" && n != "eval") || fmt.Sprint(cmd.Args()[2]) != "5" {
 			return next(ctx, cmd)
 		}
 		start := time.Now()

@@ -61,9 +61,12 @@ type Provider struct {
 	interval time.Duration // renewal interval; 0 until New settles it
 	retry    time.Duration
 	voidMS   int64 // a void marker's life in ms: max(window, minVoidLife, retrySpan)
-	logger   *slog.Logger
-	subs     *subscriber                 // one Pub/Sub connection for every waiter, open while any waits
-	probe    func(context.Context) error // dials the server, past go-redis's pool and retries; nil: unknown client
+	// voidArg and markArg are voidMS and markLife in ms, boxed once for
+	// the acquire script's arguments.
+	voidArg, markArg any
+	logger           *slog.Logger
+	subs             *subscriber                 // one Pub/Sub connection for every waiter, open while any waits
+	probe            func(context.Context) error // dials the server, past go-redis's pool and retries; nil: unknown client
 	// unreachable: the last try ended on a failed dial (Provider.probe), so
 	// tries dial first, and a failed dial ends them probeAfter after the
 	// send unless answered, until one gets through (attempt.try).
@@ -82,8 +85,9 @@ type Provider struct {
 }
 
 var (
-	_ tenace.LockProvider  = (*Provider)(nil)
-	_ tenace.StatsProvider = (*Provider)(nil)
+	_ tenace.LockProvider       = (*Provider)(nil)
+	_ tenace.StatsProvider      = (*Provider)(nil)
+	_ tenace.SharedLockProvider = (*Provider)(nil)
 )
 
 // Option configures New.
@@ -180,6 +184,7 @@ func New(client redis.UniversalClient, opts ...Option) *Provider {
 		panic(fmt.Sprintf("tenace: redislock.New: the renewal interval (%v) must be below the window (%v)", p.interval, p.window))
 	}
 	p.voidMS = max(p.window, minVoidLife, retrySpan(client)).Milliseconds()
+	p.voidArg, p.markArg = p.voidMS, p.markLife().Milliseconds()
 	p.probe = prober(client)
 	p.stop, p.halt = context.WithCancel(context.Background())
 	p.voids = newJanitor(p)
@@ -355,7 +360,9 @@ func (p *Provider) isClosed() bool {
 // process (past their first try, subscribed to a release channel): all of
 // them, and the most for one key. Three atomic loads.
 //
-// A lease leaves Held before its Lost closes, and when Release is called,
+// A shared lease (LockAcquireOptions.Shared) counts as one in Held, as an
+// exclusive one does: Held is leases, not permits; and a shared waiter as
+// one in Waiting. A lease leaves Held before its Lost closes, and when Release is called,
 // before its call to the server and whatever its outcome (after a failed
 // Release the key may stay held, for one window at most); a lease granted
 // as Close ran, lost at once, never counts.
@@ -403,7 +410,7 @@ var errClosed = fmt.Errorf("%w (redislock.Provider.Close was called)", tenace.Er
 // No two keys share a name. Each scheme alone is a fixed string (in the
 // second, "}{", 16 hex digits and "}": fixed in length), the key, and "}"
 // then a suffix; the suffixes (":fence", ":released", ":void:" and a hex
-// token) contain no "}", so the "}" that ends the key's part is the last
+// token, ":holders", ":writers") contain no "}", so the "}" that ends the key's part is the last
 // one in the name, and the key is recovered by cutting it there. Across
 // the schemes: the prefix has no braces (WithPrefix), so a name's prefix
 // ends at its first brace, and that brace is "{" in every ordinary name and

@@ -75,14 +75,14 @@ func acquireAsync(ctx context.Context, p tenace.LockProvider, key string, opts t
 
 // countingHook counts the acquire-script runs (EVALSHA, and EVAL when the
 // script is not cached yet) that go through a client: the one script with
-// three keys.
+// five keys.
 type countingHook struct{ acquires atomic.Int64 }
 
 func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if n := cmd.Name(); n == "evalsha" || n == "eval" {
-			if args := cmd.Args(); len(args) > 3 && fmt.Sprint(args[2]) == "3" { // three keys: the acquire script
+			if args := cmd.Args(); len(args) > 3 && fmt.Sprint(args[2]) == "5" { // five keys: the acquire script
 				h.acquires.Add(1)
 			}
 		}
@@ -624,7 +624,7 @@ func (h *lostAcquireReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook
 		err := next(ctx, cmd)
 		if n := cmd.Name(); err == nil && (n == "evalsha" || n == "eval") {
 			switch fmt.Sprint(cmd.Args()[2]) {
-			case "3":
+			case "5":
 				if h.next.CompareAndSwap(true, false) {
 					h.lost.Store(true)
 					return errors.New("the acquire script ran and its reply lost (test hook)")

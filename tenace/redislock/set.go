@@ -18,6 +18,9 @@ import (
 
 var _ tenace.MultiLockProvider = (*Provider)(nil)
 
+// errSharedSet refuses LockAcquireOptions.Shared on a set of keys.
+var errSharedSet = fmt.Errorf("%w: LockAcquireOptions.Shared: a set of keys is taken exclusive; take shared keys one Acquire each, in one order", tenace.ErrInvalidOption)
+
 // setScript: for each key i of the set (1-based), KEYS[3i-2] its lock,
 // KEYS[3i-1] its fencing counter, KEYS[3i] the void marker of its token;
 // ARGV[1] the first expiry in ms, ARGV[1+i] key i's token.
@@ -111,6 +114,9 @@ func (p *Provider) AcquireSet(ctx context.Context, keys []string, opts tenace.Lo
 	}
 	if err := validate(keys[0], opts); err != nil {
 		return nil, err
+	}
+	if opts.Shared {
+		return nil, errSharedSet
 	}
 	if !p.oneSlot(keys) {
 		// The generic path, on this provider seen as a plain LockProvider
@@ -246,7 +252,7 @@ func (s *setAttempt) acquire(w waitCtx, noWait bool) ([]*lease, error) {
 		}
 	}()
 	for _, a := range s.parts {
-		sw, err := p.subs.subscribe(w.call, a.channel)
+		sw, err := p.subs.subscribe(w.call, a.channel, true)
 		if errors.Is(err, errClosed) {
 			return nil, errClosed
 		}

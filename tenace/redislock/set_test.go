@@ -19,7 +19,7 @@ import (
 	"tenace.dev/tenace/redislock"
 )
 
-// scripts counts the scripts a client sends by their number of keys: "3"
+// scripts counts the scripts a client sends by their number of keys: "5"
 // a single acquire, "3n" (n > 1) the set script for n keys.
 type scripts struct {
 	mu sync.Mutex
@@ -136,7 +136,7 @@ func TestSetOneScript(t *testing.T) {
 			require.NoError(t, err)
 			require.NotNil(t, set)
 			require.Equal(t, 1, n.get("9"), "one set script")
-			require.Zero(t, n.get("3"), "no single acquire")
+			require.Zero(t, n.get("5"), "no single acquire")
 			require.Len(t, set.Leases(), 3)
 			for i, key := range set.Keys() {
 				require.True(t, lockHeld(t, tc.client, key), key)
@@ -212,7 +212,7 @@ func TestSetWakesOnAnyKeysRelease(t *testing.T) {
 	}()
 	waitSubscribed(t, c, "b", 1)
 	single := acquireAsync(bg, p, "b", tenace.LockAcquireOptions{})
-	eventually(t, "the single caller waits", func() bool { return n.get("3") >= 2 })
+	eventually(t, "the single caller waits", func() bool { return n.get("5") >= 2 })
 	tries := n.sets()
 	require.NoError(t, hb.Release(bg))
 	r := recv(t, single)
@@ -308,7 +308,7 @@ func TestSetOnAClusterWithKeysInTwoSlots(t *testing.T) {
 	require.NotNil(t, set)
 	require.Equal(t, []string{"a", "b"}, set.Keys())
 	require.Zero(t, n.sets())
-	require.Equal(t, 2, n.get("3"), "one single acquire per key")
+	require.Equal(t, 2, n.get("5"), "one single acquire per key")
 	require.True(t, lockHeld(t, c, "a"))
 	require.True(t, lockHeld(t, c, "b"))
 	require.NoError(t, set.Release(bg))

@@ -27,7 +27,7 @@ func (lostReplyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		err := next(ctx, cmd)
 		if ctx.Value(lostReplyKey{}) != nil && err == nil {
 			if n := cmd.Name(); n == "evalsha" || n == "eval" {
-				if args := cmd.Args(); len(args) > 2 && args[2] == 3 {
+				if args := cmd.Args(); len(args) > 2 && args[2] == 5 {
 					return errors.New("test: the reply was lost")
 				}
 			}
@@ -155,7 +155,7 @@ func TestAGrantAsCloseRunsIsLostAtOnce(t *testing.T) {
 	var p *redislock.Provider
 	var once sync.Once
 	c.AddHook(scriptHook(func(numKeys string) {
-		if numKeys == "3" { // the acquire script, before it is sent
+		if numKeys == "5" { // the acquire script, before it is sent
 			once.Do(func() { require.NoError(t, p.Close()) })
 		}
 	}))

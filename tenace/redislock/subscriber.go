@@ -129,6 +129,29 @@ func (sub *subscription) wake() {
 	}
 }
 
+// wakeWriter wakes the oldest exclusive waiter of w's channel, unless it
+// has a wake-up pending already: a shared waiter woken by a release and
+// refused because a writer waits hands the wake-up to a writer of this
+// process, which may be the one waiting (one try; nothing if none waits
+// here). Only a writer, not the next waiter: the shared ones behind would
+// be refused as well.
+func (s *subscriber) wakeWriter(w *wait) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.channels[w.channel] != w.sub {
+		return
+	}
+	for _, o := range w.sub.waiters {
+		if o.exclusive {
+			select {
+			case o.wake <- struct{}{}:
+			default:
+			}
+			return
+		}
+	}
+}
+
 // wait is one waiter's registration: wake gets a token when the waiter
 // should try again — a release message reached it, a waiter ahead of it
 // left, or the connection broke or came back (a message may have been
@@ -137,6 +160,9 @@ type wait struct {
 	channel string
 	sub     *subscription
 	wake    chan struct{} // buffer 1: wake-ups coalesce
+	// exclusive: an exclusive caller's wait, which a shared waiter refused
+	// because a writer waits wakes (wakeWriter).
+	exclusive bool
 }
 
 func newSubscriber(c redis.UniversalClient) *subscriber {
@@ -147,7 +173,7 @@ func newSubscriber(c redis.UniversalClient) *subscriber {
 // queues its SUBSCRIBE and waits for it to be written, or for ctx to end.
 // A release published after w.sub.confirmed is closed is heard; until then
 // the caller must keep trying (see Acquire).
-func (s *subscriber) subscribe(ctx context.Context, channel string) (*wait, error) {
+func (s *subscriber) subscribe(ctx context.Context, channel string, exclusive bool) (*wait, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -178,7 +204,7 @@ func (s *subscriber) subscribe(ctx context.Context, channel string) (*wait, erro
 		sent = make(chan error, 1)
 		c.queue(op{kind: opSubscribe, channel: channel, sent: sent})
 	}
-	w := &wait{channel: channel, sub: sub, wake: make(chan struct{}, 1)}
+	w := &wait{channel: channel, sub: sub, wake: make(chan struct{}, 1), exclusive: exclusive}
 	sub.waiters = append(sub.waiters, w)
 	s.waiters++
 	s.nWaiting.Store(int64(s.waiters))
