@@ -103,9 +103,6 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	if err := tenace.ValidateAcquire(key, opts); err != nil {
 		return nil, err
 	}
-	if opts.Shared {
-		return nil, fmt.Errorf("%w: LockAcquireOptions.Shared: pglock does not support shared locks or permits yet; take the key exclusive, or use a tenace.MemoryLockProvider", tenace.ErrInvalidOption)
-	}
 	return p.acquire(&call{p: p, ctx: ctx, key: key, opts: opts})
 }
 
@@ -130,6 +127,7 @@ func (p *Provider) acquire(c *call) (tenace.LockLease, error) {
 	stop := context.AfterFunc(p.closed, func() { bcancel(tenace.ErrProviderClosed) })
 	defer stop()
 	c.bounded, c.deadline = opts.Timeout > 0 && clock.IsSystem(opts.Clock), time.Now().Add(opts.Timeout)
+	c.permitEnd = c.deadline.Add(-min(opts.Timeout/3, verdictLead))
 	wctx, cancel := tenace.AcquireContext(base, opts)
 	defer cancel()
 	c.wctx = wctx
@@ -166,8 +164,9 @@ func (p *Provider) acquire(c *call) (tenace.LockLease, error) {
 // leaves behind if the server has not answered replyAllowance after the
 // Timeout, with a context that ends cancelGrace later (see runBounded).
 //
-// Concurrency: every field but state and phase is set before run starts
-// and read-only after. run alone writes phase. state is the hand-off of a
+// Concurrency: every field but state, phase, gated and listening is set
+// before run starts and read-only after. run alone writes phase, gated and
+// listening. state is the hand-off of a
 // grant between the worker and the Acquire that may leave it: the worker
 // claims the grant (callClaimed) before it makes a lease, Acquire abandons
 // the call (callAbandoned) before it leaves; whichever moves state first
@@ -181,8 +180,14 @@ type call struct {
 	opts     tenace.LockAcquireOptions
 	bounded  bool      // a Timeout on the system clock: the server keeps it
 	deadline time.Time // the Timeout's end, when bounded
-	state    atomic.Int32
-	phase    atomic.Int32 // what the server was last asked, for the error
+	// permitEnd is when a bulkhead's waiter stops waiting for a permit,
+	// when bounded: as lockTimeout's bound ends, so that "held" is back by
+	// the deadline.
+	permitEnd time.Time
+	gated     bool // the session took the key's gate (a bulkhead's caller; see permits.go)
+	listening bool // the session LISTENs on the key's permit channel
+	state     atomic.Int32
+	phase     atomic.Int32 // what the server was last asked, for the error
 }
 
 // The states of a call (see call).
@@ -325,11 +330,12 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 			// Acquire has left (see runBounded): ask nothing more. No
 			// cancel was sent on the connection, which holds nothing but
 			// a set's keys locked so far.
-			p.giveBack(conn, got)
+			c.giveBack(conn, got)
 			return nil, false, nil
 		}
 		c.phase.Store(phaseLocking)
 		sql, args := c.statement(key)
+		before := seen(conn)
 		var id *int32
 		var locked bool
 		var fence *int64
@@ -359,7 +365,7 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 				// moments still grants.
 				continue
 			}
-			p.giveBack(conn, got)
+			c.giveBack(conn, got)
 			return nil, false, nil
 		case err != nil:
 			// Unknown outcome: the statement may have taken the lock
@@ -368,7 +374,7 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 			dead := conn.Conn().IsClosed()
 			p.unlockAll(conn)
 			discard(conn)
-			if !dead || reconnected || got != nil || c.wctx.Err() != nil || p.closed.Err() != nil {
+			if !dead || reconnected || got != nil || c.gated || c.wctx.Err() != nil || p.closed.Err() != nil {
 				l, err := c.failed(fmt.Errorf("pglock: acquiring %s: %w", keyfmt.Quote(key), err), answered(err))
 				return l, false, err
 			}
@@ -390,7 +396,7 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 			// it. Whatever it found (granted, tried and refused, a key
 			// without a row), the call gave up: give back anything the
 			// session holds, and the connection too (see discard).
-			if locked || got != nil {
+			if locked || got != nil || c.gated {
 				p.unlockAll(conn)
 			}
 			discard(conn)
@@ -413,13 +419,39 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 			registered = true
 			continue
 		case id == nil:
-			p.giveBack(conn, got)
+			c.giveBack(conn, got)
 			return nil, false, fmt.Errorf("pglock: the key %s vanished from %s as it was registered; is something deleting its rows?", keyfmt.Quote(key), p.table)
+		case !locked && c.gated && c.opts.Timeout != tenace.NoWait:
+			// Every permit is taken: wait for one to come back, holding
+			// the gate (see permits.go), and count again; "held" once
+			// the wait's end (permitEnd) has come.
+			if c.bounded && !time.Now().Before(c.permitEnd) {
+				c.giveBack(conn, got)
+				return nil, false, nil
+			}
+			if err := c.awaitPermit(conn, *id, before); err != nil {
+				// A LISTEN cut short, a connection that failed: as any
+				// failed statement (the session is ended).
+				p.unlockAll(conn)
+				discard(conn)
+				l, err := c.failed(fmt.Errorf("pglock: acquiring %s: %w", keyfmt.Quote(key), err), answered(err))
+				return l, false, err
+			}
+			if c.wctx.Err() != nil {
+				discard(conn) // the gate goes with the session
+				l, err := c.waitEnded(true)
+				return l, false, err
+			}
+			continue
 		case !locked:
 			// The try failed: the session holds nothing (but a set's
-			// keys locked so far).
-			p.giveBack(conn, got)
+			// keys locked so far, or a bulkhead's gate).
+			c.giveBack(conn, got)
 			return nil, false, nil
+		case c.mode() == modePermit && !c.gated:
+			// The bulkhead's gate is held: the admission is next.
+			c.gated = true
+			continue
 		case fence == nil && p.fencing:
 			p.unlockAll(conn)
 			discard(conn)
@@ -435,6 +467,22 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 				continue
 			}
 		}
+		if c.listening {
+			// The lease's connection must not receive NOTIFYs: its
+			// watcher would read them, and the pool would keep them.
+			_, err := conn.Exec(c.wctx, `UNLISTEN *`)
+			if err != nil || c.wctx.Err() != nil {
+				p.unlockAll(conn)
+				discard(conn)
+				if err == nil {
+					l, err := c.waitEnded(true)
+					return l, false, err
+				}
+				l, err := c.failed(fmt.Errorf("pglock: acquiring %s: UNLISTEN: %w", keyfmt.Quote(key), err), answered(err))
+				return l, false, err
+			}
+			c.listening = false
+		}
 		if !c.state.CompareAndSwap(callRunning, callClaimed) {
 			// Acquire left without waiting for this grant (see
 			// runBounded): it is nobody's, give it back.
@@ -446,24 +494,44 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 			l, err := p.grantSet(conn, got, c.opts)
 			return l, true, err
 		}
-		l, err := p.grant(conn, key, *id, token, c.opts)
+		l, err := p.grant(conn, key, *id, token, c.mode(), c.opts)
 		return l, true, err
 	}
 }
 
 // statement returns the acquire statement for key (c's, or one of its
-// set's) and its arguments: the try for NoWait; with a bound on the server
-// (see lockTimeout) when c is bounded, what remains of the Timeout; else
-// the plain wait, which only ctx and the Timeout's cancel end.
+// set's) and its arguments, by c's mode (exclusive, shared, a bulkhead's
+// gate, then its admission) and how it waits: the try for NoWait; with a
+// bound on the server (see lockTimeout) when c is bounded, what remains of
+// the Timeout; else the plain wait, which only ctx and the Timeout's cancel
+// end.
 func (c *call) statement(key string) (string, []any) {
 	p := c.p
+	kind, args := waitPlain, []any{[]byte(key), p.classID}
 	switch {
 	case c.opts.Timeout == tenace.NoWait:
-		return p.tryLockSQL, []any{[]byte(key), p.classID}
+		kind = waitNone
 	case c.bounded:
-		return p.boundedLockSQL, []any{[]byte(key), p.classID, lockTimeout(time.Until(c.deadline))}
+		kind = waitBounded
+		args = append(args, lockTimeout(time.Until(c.deadline)))
 	}
-	return p.lockSQL, []any{[]byte(key), p.classID}
+	switch c.mode() {
+	case modeShared:
+		return p.sharedSQL[kind], args
+	case modePermit:
+		if c.gated {
+			return p.admitSQL[kind], append(args, c.opts.Permits)
+		}
+		return p.gateSQL[kind], args
+	}
+	return p.lockSQL[kind], args
+}
+
+// giveBack is Provider.giveBack for a call that got no lease: the session
+// holds a set's keys locked so far, or a bulkhead's gate and maybe a
+// LISTEN, or nothing.
+func (c *call) giveBack(conn *pgxpool.Conn, got []setGrant) {
+	c.p.giveBack(conn, got != nil || c.gated, c.listening)
 }
 
 // lockTimeout is the server's bound on a wait for the key (lock_timeout,
