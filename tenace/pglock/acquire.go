@@ -346,15 +346,35 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 		switch {
 		case isLockTimeout(err):
 			// The server's verdict: the key stayed held (or queued for)
-			// until the bound it was given. The wait failed on the
-			// server, so the session holds nothing new (a set keeps the keys
-			// locked before this one), and, unless the
-			// call's context ended meanwhile, no cancel was sent: the
-			// connection is as good as new.
+			// until the bound it was given; unless the call's context
+			// ended meanwhile, no cancel was sent. But the verdict can
+			// come with the lock granted: a grant that lands as the
+			// timeout fires keeps the lock, and the timeout's interrupt,
+			// already pending, still fails the statement (PostgreSQL
+			// reports a lock timeout over the grant, see ProcSleep) — a
+			// session lock, which the aborted transaction does not give
+			// back. Seen in a stress of readers and writers, where a
+			// pooled connection kept a reader's share. So the session
+			// drops the key's lock if it holds it (dropRaced) before the
+			// connection is used again; a set keeps the keys locked
+			// before this one. A bulkhead's session may hold its gate too
+			// (taken before the timeout): it is ended (see giveBack).
 			if c.wctx.Err() != nil {
 				discard(conn)
 				l, err := c.waitEnded(true)
 				return l, false, err
+			}
+			if c.mode() == modePermit {
+				c.giveBack(conn, got)
+				return nil, false, nil
+			}
+			if _, err := conn.Exec(c.wctx, p.dropSQL[c.mode()], []byte(key), p.classID); err != nil || c.wctx.Err() != nil {
+				discard(conn) // its session, and whatever it holds, ends
+				if c.wctx.Err() != nil {
+					l, err := c.waitEnded(true)
+					return l, false, err
+				}
+				return nil, false, nil
 			}
 			if c.bounded && time.Until(c.deadline) > 0 {
 				// The server's bound ends up to verdictLead before the
@@ -396,7 +416,7 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 			// it. Whatever it found (granted, tried and refused, a key
 			// without a row), the call gave up: give back anything the
 			// session holds, and the connection too (see discard).
-			if locked || got != nil || c.gated {
+			if locked || got != nil || c.mode() == modePermit {
 				p.unlockAll(conn)
 			}
 			discard(conn)
@@ -421,10 +441,11 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 		case id == nil:
 			c.giveBack(conn, got)
 			return nil, false, fmt.Errorf("pglock: the key %s vanished from %s as it was registered; is something deleting its rows?", keyfmt.Quote(key), p.table)
-		case !locked && c.gated && c.opts.Timeout != tenace.NoWait:
+		case !locked && c.mode() == modePermit && c.opts.Timeout != tenace.NoWait:
 			// Every permit is taken: wait for one to come back, holding
 			// the gate (see permits.go), and count again; "held" once
 			// the wait's end (permitEnd) has come.
+			c.gated = true
 			if c.bounded && !time.Now().Before(c.permitEnd) {
 				c.giveBack(conn, got)
 				return nil, false, nil
@@ -445,13 +466,9 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 			continue
 		case !locked:
 			// The try failed: the session holds nothing (but a set's
-			// keys locked so far, or a bulkhead's gate).
+			// keys locked so far).
 			c.giveBack(conn, got)
 			return nil, false, nil
-		case c.mode() == modePermit && !c.gated:
-			// The bulkhead's gate is held: the admission is next.
-			c.gated = true
-			continue
 		case fence == nil && p.fencing:
 			p.unlockAll(conn)
 			discard(conn)
@@ -519,19 +536,26 @@ func (c *call) statement(key string) (string, []any) {
 	case modeShared:
 		return p.sharedSQL[kind], args
 	case modePermit:
+		sql := p.entrySQL[kind]
 		if c.gated {
-			return p.admitSQL[kind], append(args, c.opts.Permits)
+			sql = p.admitSQL[kind]
 		}
-		return p.gateSQL[kind], args
+		return sql, append(args, c.opts.Permits)
 	}
 	return p.lockSQL[kind], args
 }
 
-// giveBack is Provider.giveBack for a call that got no lease: the session
-// holds a set's keys locked so far, or a bulkhead's gate and maybe a
-// LISTEN, or nothing.
+// giveBack is Provider.giveBack for a call that got no lease, whose
+// session holds a set's keys locked so far, or nothing — or, for a
+// bulkhead's caller that waits, maybe the key's gate (see permitStatement)
+// and a LISTEN: that session is ended (discard), which frees both at once,
+// with no round trip for the caller to wait for before it returns.
 func (c *call) giveBack(conn *pgxpool.Conn, got []setGrant) {
-	c.p.giveBack(conn, got != nil || c.gated, c.listening)
+	if c.mode() == modePermit && c.opts.Timeout != tenace.NoWait {
+		discard(conn)
+		return
+	}
+	c.p.giveBack(conn, got)
 }
 
 // lockTimeout is the server's bound on a wait for the key (lock_timeout,

@@ -63,29 +63,53 @@ const (
 
 // permitRepoll bounds a bulkhead waiter's wait for a NOTIFY before it counts
 // the holders again: the time it takes at most to see the permit of a
-// holder whose session ended, which sends none.
-const permitRepoll = 100 * time.Millisecond
+// holder whose session ended, which sends none. A waiter whose wait ends
+// sooner (its Timeout) does not LISTEN, which costs a round trip, but
+// counts again every permitPoll.
+const (
+	permitRepoll = 100 * time.Millisecond
+	permitPoll   = 10 * time.Millisecond
+)
 
-// admitStatement is the admission of a bulkhead caller whose session holds
-// the key's gate: $1 the key, $2 the class id, (bounded: $3 the wait's
-// bound on the server), then N. It returns what lockStatement returns:
-// (id, admitted, fence). When the key's shared holders are fewer than N, it
-// takes the key shared — which waits, behind a writer that holds or waits
-// for the key — increments the fence and unlocks the gate; else it
-// returns admitted false and leaves the gate held.
+// permitStatement is a bulkhead caller's acquire statement: $1 the key,
+// $2 the class id, (bounded: $3 the wait's bound on the server), then N.
+// It returns what lockStatement returns: (id, admitted, fence).
 //
-// The count is taken before the lock (l uses n) and the gate unlocked
-// after it (g uses l); the gate goes before the fence's update commits,
-// which is safe: the next caller's count already sees this holder, and its
-// own fence update waits for this one's to commit, as two readers' do.
-func (p *Provider) admitStatement(lockExpr string, nParam string) string {
+// With gateExpr (the entry statement), it first takes the key's gate
+// (waits for it, or tries: NoWait); without (the admission), the session
+// holds the gate already. Then, when the key's shared holders are fewer
+// than N, it takes the key shared — which waits, behind a writer that
+// holds or waits for the key — increments the fence and unlocks the gate.
+// Else admitted is false, and the gate stays held, unless release (NoWait:
+// the caller will not wait).
+//
+// The count is taken once the gate is held (n uses gt) and before the lock
+// (l uses n); the gate is unlocked after the lock (g uses l), before the
+// fence's update commits, which is safe: the next caller's count already
+// sees this holder, and its own fence update waits for this one's to
+// commit, as two readers' do.
+//
+// A statement that fails (lock_timeout in the shared wait, a cancel) may
+// leave the session holding the gate: session advisory locks survive
+// their transaction's abort. The caller then ends the session (see
+// call.giveBack), unless it knows it holds the gate (the admission).
+func (p *Provider) permitStatement(gateExpr, sharedExpr, nParam string, release bool) string {
+	gate := `true`
+	if gateExpr != "" {
+		gate = gateExpr
+	}
 	count := `SELECT count(*) AS held FROM pg_locks
-	WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	WHERE (SELECT ok FROM gt) AND locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 	AND classid = $2::int4::oid AND objid = (SELECT id FROM k)::oid AND objsubid = 2 AND mode = 'ShareLock' AND granted`
+	unlock := `(SELECT ok FROM l)`
+	if release {
+		unlock = `(SELECT ok FROM gt)`
+	}
 	head := `WITH k AS (SELECT id FROM ` + p.table + ` WHERE key = $1),
+gt AS MATERIALIZED (SELECT ` + gate + ` AS ok FROM k),
 n AS MATERIALIZED (` + count + `),
-l AS MATERIALIZED (SELECT CASE WHEN n.held < ` + nParam + `::int8 THEN ` + lockExpr + ` ELSE false END AS ok FROM k, n),
-g AS MATERIALIZED (SELECT CASE WHEN (SELECT ok FROM l) THEN pg_advisory_unlock($2::int4, -(SELECT id FROM k)) END AS open)`
+l AS MATERIALIZED (SELECT CASE WHEN (SELECT ok FROM gt) AND n.held < ` + nParam + `::int8 THEN ` + sharedExpr + ` ELSE false END AS ok FROM k, n),
+g AS MATERIALIZED (SELECT CASE WHEN ` + unlock + ` THEN pg_advisory_unlock($2::int4, -(SELECT id FROM k)) END AS open)`
 	if !p.fencing {
 		return head + `
 SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), NULL::bigint FROM g`
@@ -138,16 +162,17 @@ func seen(conn *pgxpool.Conn) uint64 {
 var errPermitWait = errors.New("pglock: waiting for a permit's release")
 
 // awaitPermit is a bulkhead waiter's wait, holding the gate of key id,
-// for a permit to come back: LISTEN on the key's channel the first time
-// (then count again at once: a release before the LISTEN sent its NOTIFY to
-// nobody), else until a NOTIFY arrives, permitRepoll passes,
-// the end of the wait (c.permitEnd, when bounded) comes, or wctx ends. It
-// returns the LISTEN's error, or the connection's when it failed while
-// waiting; nil otherwise — the caller looks at wctx and the time next.
-// (before is the count before the admission statement that found the
-// permits taken.)
+// for a permit to come back: when the wait may last longer than
+// permitRepoll, LISTEN on the key's channel the first time (then count
+// again at once: a release before the LISTEN sent its NOTIFY to nobody);
+// then until a NOTIFY arrives (before is the count of them before the
+// statement that found the permits taken), permitRepoll passes
+// (permitPoll, not listening), the end of the wait (c.permitEnd, when
+// bounded) comes, or wctx ends. It returns the LISTEN's error, or the
+// connection's when it failed while waiting; nil otherwise — the caller
+// looks at wctx and the time next.
 func (c *call) awaitPermit(conn *pgxpool.Conn, id int32, before uint64) error {
-	if !c.listening {
+	if !c.listening && (!c.bounded || time.Until(c.permitEnd) > permitRepoll) {
 		c.listening = true
 		_, err := conn.Exec(c.wctx, "LISTEN "+pgx.Identifier{c.p.permitChannel(id)}.Sanitize())
 		return err
@@ -155,11 +180,15 @@ func (c *call) awaitPermit(conn *pgxpool.Conn, id int32, before uint64) error {
 	if seen(conn) != before {
 		return nil
 	}
-	pc := conn.Conn().PgConn()
-	end := time.Now().Add(permitRepoll)
+	step := permitRepoll
+	if !c.listening {
+		step = permitPoll
+	}
+	end := time.Now().Add(step)
 	if c.bounded && c.permitEnd.Before(end) {
 		end = c.permitEnd
 	}
+	pc := conn.Conn().PgConn()
 	nc := pc.Conn()
 	_ = nc.SetReadDeadline(end)
 	// wctx's end cuts the wait short through the same deadline; the

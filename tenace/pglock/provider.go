@@ -56,10 +56,15 @@ type Provider struct {
 	slots    chan struct{} // a token per connection in use (held + waiting); cap maxConns
 
 	// The acquire statements, by how they wait (waitKind): lockSQL takes
-	// the key exclusive, sharedSQL shared (Permits 0), gateSQL a
-	// bulkhead's gate and admitSQL one of its permits (see permits.go).
-	lockSQL, sharedSQL, gateSQL, admitSQL [waitKinds]string
-	registerSQL                           string
+	// the key exclusive, sharedSQL shared (Permits 0); entrySQL takes a
+	// bulkhead's gate and, if one is free, one of its permits, admitSQL a
+	// permit for a session that holds the gate (see permits.go).
+	lockSQL, sharedSQL, entrySQL, admitSQL [waitKinds]string
+	// dropSQL[mode] unlocks the key's lock ($1, $2 as above) if the
+	// session holds it in mode (exclusive or shared): after a lock timeout
+	// (see call.lock).
+	dropSQL     [modeShared + 1]string
+	registerSQL string
 
 	held    atomic.Int64 // leases held through this provider
 	waiting atomic.Int64 // callers inside Acquire
@@ -391,25 +396,44 @@ const syncCommit = `set_config('synchronous_commit', CASE WHEN current_setting('
 func (p *Provider) prepareSQL() {
 	// $3 is the wait's bound on the server (see lockTimeout): set_config
 	// runs before the lock function, as a CASE evaluates its condition
-	// first, and is local to the statement's transaction.
+	// first, and is local to the statement's transaction. Once the lock is
+	// granted, lock_timeout goes back to 0: the bound is the advisory
+	// lock's wait alone. The fence's UPDATE may wait for another grant's
+	// (a shared holder's) to commit, and a lock_timeout there would fail
+	// the statement with the advisory lock taken — a session lock, which
+	// the transaction's abort does not release — as if the wait had
+	// failed; the caller would take it again (a session's advisory locks
+	// are reentrant) and release it once: a leak.
 	for kind, f := range map[waitKind]func(lock, id string) string{
 		// pg_advisory_lock returns void, which IS NOT NULL.
 		waitPlain: func(lock, id string) string {
 			return lock + `($2::int4, ` + id + `) IS NOT NULL`
 		},
 		waitBounded: func(lock, id string) string {
-			return `CASE WHEN set_config('lock_timeout', $3::text, true) IS NOT NULL THEN ` + lock + `($2::int4, ` + id + `) IS NOT NULL END`
+			return `CASE WHEN set_config('lock_timeout', $3::text, true) IS NOT NULL THEN CASE WHEN ` + lock + `($2::int4, ` + id + `) IS NOT NULL THEN set_config('lock_timeout', '0', true) IS NOT NULL END END`
 		},
 		waitNone: func(lock, id string) string { return `pg_try_` + lock[len("pg_"):] + `($2::int4, ` + id + `)` },
 	} {
 		p.lockSQL[kind] = p.lockStatement(f("pg_advisory_lock", "k.id"), p.fencing)
 		p.sharedSQL[kind] = p.lockStatement(f("pg_advisory_lock_shared", "k.id"), p.fencing)
-		p.gateSQL[kind] = p.lockStatement(f("pg_advisory_lock", "-k.id"), false)
 		nParam := "$3" // N follows the statement's other parameters
 		if kind == waitBounded {
 			nParam = "$4"
 		}
-		p.admitSQL[kind] = p.admitStatement(f("pg_advisory_lock_shared", "k.id"), nParam)
+		shared := f("pg_advisory_lock_shared", "k.id")
+		p.entrySQL[kind] = p.permitStatement(f("pg_advisory_lock", "-k.id"), shared, nParam, kind == waitNone)
+		// With the gate held, only the shared wait sets lock_timeout.
+		p.admitSQL[kind] = p.permitStatement("", shared, nParam, kind == waitNone)
+	}
+	for mode, m := range map[int]struct{ unlock, lockMode string }{
+		modeExclusive: {"pg_advisory_unlock", "ExclusiveLock"},
+		modeShared:    {"pg_advisory_unlock_shared", "ShareLock"},
+	} {
+		// Checked in pg_locks first: an unlock of a lock not held says so
+		// in a WARNING, to the client and the server's log.
+		p.dropSQL[mode] = `SELECT ` + m.unlock + `($2::int4, k.id) FROM ` + p.table + ` k WHERE k.key = $1 AND EXISTS (
+	SELECT 1 FROM pg_locks l WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.classid = $2::int4::oid
+	AND l.objid = k.id::oid AND l.objsubid = 2 AND l.mode = '` + m.lockMode + `' AND l.granted)`
 	}
 	p.registerSQL = `INSERT INTO ` + p.table + ` (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
 }

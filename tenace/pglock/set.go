@@ -134,18 +134,13 @@ type fencedSetKey struct{ setKey }
 func (k fencedSetKey) Token() uint64 { return k.token }
 
 // giveBack returns conn to the pool after a call that got no lease and saw
-// no cancel: when its session holds locks (locked: a set's keys got so
-// far, a bulkhead's gate), it unlocks them first, and stops listening
-// (listening: a bulkhead's waiter); it closes the connection instead (see
-// discard) if that did not plainly succeed.
-func (p *Provider) giveBack(conn *pgxpool.Conn, locked, listening bool) {
-	if locked || listening {
-		sql := `SELECT pg_advisory_unlock_all()`
-		if listening {
-			sql += `; UNLISTEN *`
-		}
+// no cancel, when its session holds nothing but the keys got of a set: it
+// unlocks them first, and closes the connection instead (see discard) if
+// the unlock did not plainly succeed.
+func (p *Provider) giveBack(conn *pgxpool.Conn, got []setGrant) {
+	if got != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-		_, err := conn.Exec(ctx, sql)
+		_, err := conn.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
 		ended := ctx.Err() != nil
 		cancel()
 		if err != nil || ended {
