@@ -80,6 +80,11 @@ var errGaveUp = errors.New("pglock: the server did not answer the call its Acqui
 //
 // A nil ctx panics.
 //
+// With opts.Shared, the key is taken shared: with Permits 0, beside other
+// readers and never beside a writer; with Permits N, as one of at most N
+// holders, admitted through the key's gate (see the package doc, Shared
+// locks and permits). Every rule here holds for shared calls too.
+//
 // The server keeps the Timeout: the acquire statement sets lock_timeout for
 // itself to what remains of it, less a third and 50 ms at most, and the
 // server's "lock timeout" (SQLSTATE 55P03) is the answer that Acquire

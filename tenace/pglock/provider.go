@@ -152,7 +152,9 @@ func (p *Provider) queue(d int, keys ...string) {
 // waiting in this process (inside Acquire, whether for a connection or on
 // the server's lock queue), and the most of those waiting for one key. A
 // set (AcquireSet) counts each of its keys in Held, and once in Waiting, in
-// the queue of each of its keys. It is three atomic loads.
+// the queue of each of its keys; a shared lease (a reader's, a bulkhead
+// permit's) counts as one lease in Held, as an exclusive one does, and a
+// shared caller once in Waiting. It is three atomic loads.
 //
 // A lease counts in Held from its grant until its lock is given back: a
 // Release's unlock; for a lease lost to its TTL or to Close, until the
