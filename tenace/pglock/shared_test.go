@@ -198,7 +198,7 @@ func TestSharedLeases(t *testing.T) {
 // TestKilledPermitHolderGivesItsPermitBack: the one permit of a key is
 // held by another process, which is killed (SIGKILL): its session ends
 // without a NOTIFY, and the bulkhead caller waiting here — holding the
-// gate, listening — is admitted at its next count, within the re-poll
+// gate, between statements — is admitted at its next count, within the re-poll
 // interval (100 ms) and room for a loaded machine.
 func TestKilledPermitHolderGivesItsPermitBack(t *testing.T) {
 	srv := server(t)
@@ -206,8 +206,7 @@ func TestKilledPermitHolderGivesItsPermitBack(t *testing.T) {
 	key := keyOf(t, "k")
 	kill := startHolder(t, srv, "holdpermit", key)
 	r := acquireAsync(bg, p, key, tenace.LockAcquireOptions{Shared: true, Permits: 1, Timeout: 10 * time.Second})
-	waitForGate(t, srv, key, 1)
-	waitForListener(t, srv)
+	waitForPermitWait(t, srv, key)
 	start := time.Now()
 	kill()
 	res := <-r
@@ -220,14 +219,16 @@ func TestKilledPermitHolderGivesItsPermitBack(t *testing.T) {
 	waitFree(t, srv, key)
 }
 
-// waitForListener waits until a session listens for a permit (its last
-// statement a LISTEN), within 20 s.
-func waitForListener(t *testing.T, srv *pgtest.Server) {
+// waitForPermitWait waits until the session that holds key's gate is
+// idle between statements — waiting for a permit — within 20 s.
+func waitForPermitWait(t *testing.T, srv *pgtest.Server, key string) {
 	t.Helper()
+	q := fmt.Sprintf(`SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid JOIN tenace_lock_keys k ON l.objid = (-k.id)::oid
+WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted AND a.state = 'idle' AND k.key = convert_to(%s, 'UTF8')`, quote(key))
 	deadline := time.Now().Add(20 * time.Second)
-	for srv.MustExec(t, `SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND query LIKE 'LISTEN %'`) == "0" {
+	for srv.MustExec(t, q) == "0" {
 		if time.Now().After(deadline) {
-			t.Fatal("no session came to listen for a permit within 20s")
+			t.Fatalf("no session came to wait for a permit of %q within 20s: %s", key, held(t, srv, key))
 		}
 		time.Sleep(5 * time.Millisecond) // polling interval, not synchronisation
 	}
@@ -241,14 +242,14 @@ func waitForListener(t *testing.T, srv *pgtest.Server) {
 // nothing for the key.
 func TestSharedWaitersOnAStalledServer(t *testing.T) {
 	srv := pgtest.Start(t)
-	const timeout = 300 * time.Millisecond
+	const timeout = 500 * time.Millisecond
 	for _, tc := range []struct {
 		name         string
 		holder, opts tenace.LockAcquireOptions
 		waitOn       func(t *testing.T, key string)
 	}{
 		{"reader", writer, reader, func(t *testing.T, key string) { waitForWaiters(t, srv, key, 1) }},
-		{"bulkhead", bulkhead(1), bulkhead(1), func(t *testing.T, key string) { waitForGate(t, srv, key, 1); waitForListener(t, srv) }},
+		{"bulkhead", bulkhead(1), bulkhead(1), func(t *testing.T, key string) { waitForPermitWait(t, srv, key) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, other := newProvider(t, srv), newProvider(t, srv)
