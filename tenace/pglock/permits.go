@@ -229,15 +229,17 @@ func (l *lease) unlockSQL() string {
 	return `SELECT pg_advisory_unlock($1::int4, $2)`
 }
 
-// What a lease holds of its key (lease.mode).
+// lockMode is what a call asks for of its key, and what a lease holds.
+type lockMode int
+
 const (
-	modeExclusive = iota // the whole key
-	modeShared           // a reader's share (Permits 0)
-	modePermit           // one of N permits: shared, and NOTIFY on release
+	modeExclusive lockMode = iota // the whole key (the zero value: Shared false)
+	modeShared                    // a reader's share (Permits 0)
+	modePermit                    // one of N permits: shared, and NOTIFY on release
 )
 
 // mode is how c takes its key.
-func (c *call) mode() int {
+func (c *call) mode() lockMode {
 	switch {
 	case !c.opts.Shared:
 		return modeExclusive

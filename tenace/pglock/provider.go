@@ -427,7 +427,7 @@ func (p *Provider) prepareSQL() {
 		// With the gate held, only the shared wait sets lock_timeout.
 		p.admitSQL[kind] = p.permitStatement("", shared, nParam, kind == waitNone)
 	}
-	for mode, m := range map[int]struct{ unlock, lockMode string }{
+	for mode, m := range map[lockMode]struct{ unlock, lockMode string }{
 		modeExclusive: {"pg_advisory_unlock", "ExclusiveLock"},
 		modeShared:    {"pg_advisory_unlock_shared", "ShareLock"},
 	} {
@@ -445,7 +445,7 @@ func (p *Provider) prepareSQL() {
 // caller asking counts itself in the queue): then a Timeout that passed
 // while waiting for a connection is the key's contention, (nil, nil),
 // whatever the pool.
-func (p *Provider) keyBusy(keys []string, mode int) bool {
+func (p *Provider) keyBusy(keys []string, mode lockMode) bool {
 	p.mu.Lock()
 	busy := false
 	for _, key := range keys {
@@ -462,7 +462,7 @@ func (p *Provider) keyBusy(keys []string, mode int) bool {
 // said the key is held when it granted that lease, and has not said
 // otherwise since — not ErrNoReply. A shared lease says nothing of a
 // shared caller (a bulkhead's permits may all be taken, or not).
-func (p *Provider) holds(keys []string, mode int) bool {
+func (p *Provider) holds(keys []string, mode lockMode) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for l := range p.leases {
