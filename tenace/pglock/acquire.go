@@ -132,7 +132,7 @@ func (p *Provider) acquire(c *call) (tenace.LockLease, error) {
 	stop := context.AfterFunc(p.closed, func() { bcancel(tenace.ErrProviderClosed) })
 	defer stop()
 	c.bounded, c.deadline = opts.Timeout > 0 && clock.IsSystem(opts.Clock), time.Now().Add(opts.Timeout)
-	c.permitEnd = c.deadline.Add(-min(opts.Timeout/3, verdictLead))
+	c.permitEnd = c.deadline.Add(-2 * min(opts.Timeout/3, verdictLead))
 	wctx, cancel := tenace.AcquireContext(base, opts)
 	defer cancel()
 	c.wctx = wctx
@@ -169,9 +169,9 @@ func (p *Provider) acquire(c *call) (tenace.LockLease, error) {
 // leaves behind if the server has not answered replyAllowance after the
 // Timeout, with a context that ends cancelGrace later (see runBounded).
 //
-// Concurrency: every field but state, phase, gated and listening is set
-// before run starts and read-only after. run alone writes phase, gated and
-// listening. state is the hand-off of a
+// Concurrency: every field but state, phase, gated, listening and told is
+// set before run starts and read-only after. run alone writes phase,
+// gated, listening and told. state is the hand-off of a
 // grant between the worker and the Acquire that may leave it: the worker
 // claims the grant (callClaimed) before it makes a lease, Acquire abandons
 // the call (callAbandoned) before it leaves; whichever moves state first
@@ -186,13 +186,21 @@ type call struct {
 	bounded  bool      // a Timeout on the system clock: the server keeps it
 	deadline time.Time // the Timeout's end, when bounded
 	// permitEnd is when a bulkhead's waiter stops waiting for a permit,
-	// when bounded: as lockTimeout's bound ends, so that "held" is back by
-	// the deadline.
+	// when bounded, and counts a last time: twice lockTimeout's lead
+	// before the deadline, since that count is a round trip the client
+	// starts, where lockTimeout's verdict is the server's own timer, so
+	// that "held" is back by the deadline.
 	permitEnd time.Time
 	gated     bool // the session took the key's gate (a bulkhead's caller; see permits.go)
 	listening bool // the session LISTENs on the key's permit channel
-	state     atomic.Int32
-	phase     atomic.Int32 // what the server was last asked, for the error
+	// early, when bounded, is where the worker hands Acquire its outcome
+	// (buffered: it never blocks); told is set once lock has sent a
+	// verdict on it before its cleanup ran, so that the worker sends no
+	// second one.
+	early chan<- outcome
+	told  bool
+	state atomic.Int32
+	phase atomic.Int32 // what the server was last asked, for the error
 }
 
 // The states of a call (see call).
@@ -248,13 +256,16 @@ func (c *call) runBounded() (tenace.LockLease, error) {
 	p.workers.Add(1)
 	p.mu.Unlock()
 	res := make(chan outcome, 1) // the worker never blocks on it: Acquire may have left
+	c.early = res
 	go func() {
 		defer p.workers.Done()
 		defer wcancel(nil)
 		defer scancel()
 		defer stopClosed()
 		l, err := c.run()
-		res <- outcome{l, err}
+		if !c.told {
+			res <- outcome{l, err}
+		}
 	}()
 	t := time.NewTimer(time.Until(giveUp))
 	defer t.Stop()
@@ -373,6 +384,14 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 				c.giveBack(conn, got)
 				return nil, false, nil
 			}
+			again := c.bounded && time.Until(c.deadline) > 0
+			if !again && c.early != nil {
+				// The verdict goes to Acquire now; the drop's round trip
+				// runs after it, on the worker (see runBounded), which
+				// keeps the connection slot until the connection is back.
+				c.told = true
+				c.early <- outcome{}
+			}
 			if _, err := conn.Exec(c.wctx, p.dropSQL[c.mode()], []byte(key), p.classID); err != nil || c.wctx.Err() != nil {
 				discard(conn) // its session, and whatever it holds, ends
 				if c.wctx.Err() != nil {
@@ -381,7 +400,7 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 				}
 				return nil, false, nil
 			}
-			if c.bounded && time.Until(c.deadline) > 0 {
+			if again {
 				// The server's bound ends up to verdictLead before the
 				// Timeout (see lockTimeout), so that its "held" is back
 				// in time. With time left, wait again for what remains,
