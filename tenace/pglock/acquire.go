@@ -169,9 +169,9 @@ func (p *Provider) acquire(c *call) (tenace.LockLease, error) {
 // leaves behind if the server has not answered replyAllowance after the
 // Timeout, with a context that ends cancelGrace later (see runBounded).
 //
-// Concurrency: every field but state, phase, gated, listening and told is
-// set before run starts and read-only after. run alone writes phase,
-// gated, listening and told. state is the hand-off of a
+// Concurrency: every field but state, phase, gated, listening, told and
+// retry is set before run starts and read-only after. run alone writes
+// phase and those. state is the hand-off of a
 // grant between the worker and the Acquire that may leave it: the worker
 // claims the grant (callClaimed) before it makes a lease, Acquire abandons
 // the call (callAbandoned) before it leaves; whichever moves state first
@@ -199,6 +199,7 @@ type call struct {
 	// second one.
 	early chan<- outcome
 	told  bool
+	retry bool // the last statement's wait ended by lock_timeout, with time left (see lock)
 	state atomic.Int32
 	phase atomic.Int32 // what the server was last asked, for the error
 }
@@ -384,8 +385,19 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 				c.giveBack(conn, got)
 				return nil, false, nil
 			}
-			again := c.bounded && time.Until(c.deadline) > 0
-			if !again && c.early != nil {
+			if c.bounded && time.Until(c.deadline) > 0 {
+				// The server's bound ends up to verdictLead before the
+				// Timeout (see lockTimeout), so that its "held" is back
+				// in time. With time left, wait again for what remains,
+				// each bound closer to the Timeout: "not granted" never
+				// comes before the Timeout, and a release in its last
+				// moments still grants. The statement again is the
+				// retry's, which finds a raced grant held (and fences it)
+				// rather than take the lock a second time.
+				c.retry = true
+				continue
+			}
+			if c.early != nil {
 				// The verdict goes to Acquire now; the drop's round trip
 				// runs after it, on the worker (see runBounded), which
 				// keeps the connection slot until the connection is back.
@@ -399,15 +411,6 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 					return l, false, err
 				}
 				return nil, false, nil
-			}
-			if again {
-				// The server's bound ends up to verdictLead before the
-				// Timeout (see lockTimeout), so that its "held" is back
-				// in time. With time left, wait again for what remains,
-				// each bound closer to the Timeout: "not granted" never
-				// comes before the Timeout, and a release in its last
-				// moments still grants.
-				continue
 			}
 			c.giveBack(conn, got)
 			return nil, false, nil
@@ -504,7 +507,7 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 		}
 		if c.keys != nil {
 			got = append(got, setGrant{key: key, id: *id, token: token})
-			if registered = false; len(got) < len(c.keys) {
+			if registered, c.retry = false, false; len(got) < len(c.keys) {
 				continue
 			}
 		}
@@ -555,6 +558,9 @@ func (c *call) statement(key string) (string, []any) {
 	case c.bounded:
 		kind = waitBounded
 		args = append(args, lockTimeout(time.Until(c.deadline)))
+	}
+	if c.retry && kind == waitBounded && c.mode() != modePermit {
+		return p.retrySQL[c.mode()], args
 	}
 	switch c.mode() {
 	case modeShared:

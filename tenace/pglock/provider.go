@@ -63,7 +63,11 @@ type Provider struct {
 	// dropSQL[mode] unlocks the key's lock ($1, $2 as above) if the
 	// session holds it in mode (exclusive or shared): after a lock timeout
 	// (see call.lock).
-	dropSQL     [modeShared + 1]string
+	dropSQL [modeShared + 1]string
+	// retrySQL[mode] is lockSQL or sharedSQL, bounded, for the wait again
+	// after a lock timeout: it counts the lock granted if the session
+	// holds it already (a grant that raced the timeout; see call.lock).
+	retrySQL    [modeShared + 1]string
 	registerSQL string
 
 	held    atomic.Int64 // leases held through this provider
@@ -395,6 +399,12 @@ SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), (SELECT fence FR
 // pooler in session mode may refuse.
 const syncCommit = `set_config('synchronous_commit', CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' ELSE current_setting('synchronous_commit') END, true)`
 
+// bounded is the lock expression of lock (a pg_advisory_lock function) on
+// ($2, id) for a bounded wait (see prepareSQL).
+func bounded(lock, id string) string {
+	return `CASE WHEN set_config('lock_timeout', $3::text, true) IS NOT NULL THEN CASE WHEN ` + lock + `($2::int4, ` + id + `) IS NOT NULL THEN set_config('lock_timeout', '0', true) IS NOT NULL END END`
+}
+
 func (p *Provider) prepareSQL() {
 	// $3 is the wait's bound on the server (see lockTimeout): set_config
 	// runs before the lock function, as a CASE evaluates its condition
@@ -411,10 +421,8 @@ func (p *Provider) prepareSQL() {
 		waitPlain: func(lock, id string) string {
 			return lock + `($2::int4, ` + id + `) IS NOT NULL`
 		},
-		waitBounded: func(lock, id string) string {
-			return `CASE WHEN set_config('lock_timeout', $3::text, true) IS NOT NULL THEN CASE WHEN ` + lock + `($2::int4, ` + id + `) IS NOT NULL THEN set_config('lock_timeout', '0', true) IS NOT NULL END END`
-		},
-		waitNone: func(lock, id string) string { return `pg_try_` + lock[len("pg_"):] + `($2::int4, ` + id + `)` },
+		waitBounded: bounded,
+		waitNone:    func(lock, id string) string { return `pg_try_` + lock[len("pg_"):] + `($2::int4, ` + id + `)` },
 	} {
 		p.lockSQL[kind] = p.lockStatement(f("pg_advisory_lock", "k.id"), p.fencing)
 		p.sharedSQL[kind] = p.lockStatement(f("pg_advisory_lock_shared", "k.id"), p.fencing)
@@ -427,15 +435,16 @@ func (p *Provider) prepareSQL() {
 		// With the gate held, only the shared wait sets lock_timeout.
 		p.admitSQL[kind] = p.permitStatement("", shared, nParam, kind == waitNone)
 	}
-	for mode, m := range map[lockMode]struct{ unlock, lockMode string }{
-		modeExclusive: {"pg_advisory_unlock", "ExclusiveLock"},
-		modeShared:    {"pg_advisory_unlock_shared", "ShareLock"},
+	for mode, m := range map[lockMode]struct{ lock, unlock, lockMode string }{
+		modeExclusive: {"pg_advisory_lock", "pg_advisory_unlock", "ExclusiveLock"},
+		modeShared:    {"pg_advisory_lock_shared", "pg_advisory_unlock_shared", "ShareLock"},
 	} {
+		mine := `EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.classid = $2::int4::oid
+	AND l.objid = k.id::oid AND l.objsubid = 2 AND l.mode = '` + m.lockMode + `' AND l.granted)`
 		// Checked in pg_locks first: an unlock of a lock not held says so
 		// in a WARNING, to the client and the server's log.
-		p.dropSQL[mode] = `SELECT ` + m.unlock + `($2::int4, k.id) FROM ` + p.table + ` k WHERE k.key = $1 AND EXISTS (
-	SELECT 1 FROM pg_locks l WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.classid = $2::int4::oid
-	AND l.objid = k.id::oid AND l.objsubid = 2 AND l.mode = '` + m.lockMode + `' AND l.granted)`
+		p.dropSQL[mode] = `SELECT ` + m.unlock + `($2::int4, k.id) FROM ` + p.table + ` k WHERE k.key = $1 AND ` + mine
+		p.retrySQL[mode] = p.lockStatement(`CASE WHEN `+mine+` THEN true ELSE `+bounded(m.lock, "k.id")+` END`, p.fencing)
 	}
 	p.registerSQL = `INSERT INTO ` + p.table + ` (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
 }
