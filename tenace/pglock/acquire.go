@@ -169,9 +169,9 @@ func (p *Provider) acquire(c *call) (tenace.LockLease, error) {
 // leaves behind if the server has not answered replyAllowance after the
 // Timeout, with a context that ends cancelGrace later (see runBounded).
 //
-// Concurrency: every field but state, phase, gated, listening, told and
-// retry is set before run starts and read-only after. run alone writes
-// phase and those. state is the hand-off of a
+// Concurrency: every field but state, phase, gated, listening, told,
+// retry and freed is set before run starts and read-only after. run alone
+// writes phase and those. state is the hand-off of a
 // grant between the worker and the Acquire that may leave it: the worker
 // claims the grant (callClaimed) before it makes a lease, Acquire abandons
 // the call (callAbandoned) before it leaves; whichever moves state first
@@ -200,6 +200,7 @@ type call struct {
 	early chan<- outcome
 	told  bool
 	retry bool // the last statement's wait ended by lock_timeout, with time left (see lock)
+	freed bool // lock gave the connection slot back before it returned
 	state atomic.Int32
 	phase atomic.Int32 // what the server was last asked, for the error
 }
@@ -316,7 +317,7 @@ func (c *call) untilDeadline() error {
 func (c *call) run() (l tenace.LockLease, err error) {
 	leased := false
 	defer func() {
-		if !leased {
+		if !leased && !c.freed {
 			<-c.p.slots
 		}
 	}()
@@ -399,9 +400,13 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 			}
 			if c.early != nil {
 				// The verdict goes to Acquire now; the drop's round trip
-				// runs after it, on the worker (see runBounded), which
-				// keeps the connection slot until the connection is back.
-				c.told = true
+				// runs after it, on the worker (see runBounded). The
+				// connection slot goes back first, so that the caller's
+				// next Acquire finds it: that one then waits in the pool,
+				// whose MaxConns is the same bound, for this connection
+				// (a round trip), rather than fail with ErrPoolExhausted.
+				c.told, c.freed = true, true
+				<-p.slots
 				c.early <- outcome{}
 			}
 			if _, err := conn.Exec(c.wctx, p.dropSQL[c.mode()], []byte(key), p.classID); err != nil || c.wctx.Err() != nil {
