@@ -99,7 +99,10 @@ var errGaveUp = errors.New("pglock: the server did not answer the call its Acqui
 // request may still be on its way to its session. When Acquire returns no
 // lease, this provider holds nothing for the call on the server — for
 // ErrNoReply, nothing once the server answers again: a grant that lands
-// after Acquire left is given back in the background. A stalled backend
+// after Acquire left is given back in the background; for a Timeout's
+// (nil, nil), nothing one round trip after (a grant that raced the
+// server's lock_timeout is dropped then; see the package doc, Waiting).
+// A stalled backend
 // delays a call without a Timeout by 2 s at most (see the package doc).
 func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
 	if ctx == nil {

@@ -126,9 +126,12 @@
 // (SQLSTATE 55P03) is the server saying "held", and the connection goes
 // back to the pool — once the session has dropped the lock if it holds it:
 // a grant that lands as the timeout fires keeps the lock, and the
-// statement still fails with the lock timeout (one more round trip, after
-// Acquire has its answer; when the wait goes on, see below, the next
-// statement counts such a grant as granted instead). The wait on the server's queue is therefore up to 50 ms
+// statement still fails with the lock timeout. The drop is one more
+// round trip, run after Acquire has its answer, on the connection the call
+// still holds (its slot is free for the caller's next Acquire, which waits
+// in the pool for that connection): for that round trip, a grant that
+// raced the timeout is still held. When the wait goes on instead (see
+// below), the next statement counts such a grant as granted. The wait on the server's queue is therefore up to 50 ms
 // shorter than the Timeout. Acquire returns within the Timeout and 30 ms
 // whatever the server does: if no answer has come by then — a stalled or
 // overloaded server, a dial or a startup left unanswered, a network that
