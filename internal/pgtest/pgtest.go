@@ -305,7 +305,9 @@ func (s *Server) Stall(tb testing.TB) {
 	// every process is stopped, so that nothing runs past it.
 	deadline := time.Now().Add(startTimeout)
 	for _, pid := range s.stalled {
-		for state := procState(pid); state != 'T' && state != 0; state = procState(pid) {
+		// A child that exited is a zombie ('Z') until the postmaster,
+		// stopped, reaps it: it runs no more either.
+		for state := procState(pid); state != 'T' && state != 'Z' && state != 'X' && state != 0; state = procState(pid) {
 			if time.Now().After(deadline) {
 				s.Continue()
 				tb.Fatalf("pgtest: process %d did not stop within %v (state %c)", pid, startTimeout, state)

@@ -80,6 +80,11 @@ var errGaveUp = errors.New("pglock: the server did not answer the call its Acqui
 //
 // A nil ctx panics.
 //
+// With opts.Shared, the key is taken shared: with Permits 0, beside other
+// readers and never beside a writer; with Permits N, as one of at most N
+// holders, admitted through the key's gate (see the package doc, Shared
+// locks and permits). Every rule here holds for shared calls too.
+//
 // The server keeps the Timeout: the acquire statement sets lock_timeout for
 // itself to what remains of it, less a third and 50 ms at most, and the
 // server's "lock timeout" (SQLSTATE 55P03) is the answer that Acquire
@@ -94,7 +99,10 @@ var errGaveUp = errors.New("pglock: the server did not answer the call its Acqui
 // request may still be on its way to its session. When Acquire returns no
 // lease, this provider holds nothing for the call on the server — for
 // ErrNoReply, nothing once the server answers again: a grant that lands
-// after Acquire left is given back in the background. A stalled backend
+// after Acquire left is given back in the background; for a Timeout's
+// (nil, nil), nothing one round trip after (a grant that raced the
+// server's lock_timeout is dropped then; see the package doc, Waiting).
+// A stalled backend
 // delays a call without a Timeout by 2 s at most (see the package doc).
 func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
 	if ctx == nil {
@@ -102,9 +110,6 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	}
 	if err := tenace.ValidateAcquire(key, opts); err != nil {
 		return nil, err
-	}
-	if opts.Shared {
-		return nil, fmt.Errorf("%w: LockAcquireOptions.Shared: pglock does not support shared locks or permits yet; take the key exclusive, or use a tenace.MemoryLockProvider", tenace.ErrInvalidOption)
 	}
 	return p.acquire(&call{p: p, ctx: ctx, key: key, opts: opts})
 }
@@ -130,6 +135,7 @@ func (p *Provider) acquire(c *call) (tenace.LockLease, error) {
 	stop := context.AfterFunc(p.closed, func() { bcancel(tenace.ErrProviderClosed) })
 	defer stop()
 	c.bounded, c.deadline = opts.Timeout > 0 && clock.IsSystem(opts.Clock), time.Now().Add(opts.Timeout)
+	c.permitEnd = c.deadline.Add(-2 * min(opts.Timeout/3, verdictLead))
 	wctx, cancel := tenace.AcquireContext(base, opts)
 	defer cancel()
 	c.wctx = wctx
@@ -166,8 +172,9 @@ func (p *Provider) acquire(c *call) (tenace.LockLease, error) {
 // leaves behind if the server has not answered replyAllowance after the
 // Timeout, with a context that ends cancelGrace later (see runBounded).
 //
-// Concurrency: every field but state and phase is set before run starts
-// and read-only after. run alone writes phase. state is the hand-off of a
+// Concurrency: every field but state, phase, gated, listening, told,
+// retry and freed is set before run starts and read-only after. run alone
+// writes phase and those. state is the hand-off of a
 // grant between the worker and the Acquire that may leave it: the worker
 // claims the grant (callClaimed) before it makes a lease, Acquire abandons
 // the call (callAbandoned) before it leaves; whichever moves state first
@@ -181,8 +188,24 @@ type call struct {
 	opts     tenace.LockAcquireOptions
 	bounded  bool      // a Timeout on the system clock: the server keeps it
 	deadline time.Time // the Timeout's end, when bounded
-	state    atomic.Int32
-	phase    atomic.Int32 // what the server was last asked, for the error
+	// permitEnd is when a bulkhead's waiter stops waiting for a permit,
+	// when bounded, and counts a last time: twice lockTimeout's lead
+	// before the deadline, since that count is a round trip the client
+	// starts, where lockTimeout's verdict is the server's own timer, so
+	// that "held" is back by the deadline.
+	permitEnd time.Time
+	gated     bool // the session took the key's gate (a bulkhead's caller; see permits.go)
+	listening bool // the session LISTENs on the key's permit channel
+	// early, when bounded, is where the worker hands Acquire its outcome
+	// (buffered: it never blocks); told is set once lock has sent a
+	// verdict on it before its cleanup ran, so that the worker sends no
+	// second one.
+	early chan<- outcome
+	told  bool
+	retry bool // the last statement's wait ended by lock_timeout, with time left (see lock)
+	freed bool // lock gave the connection slot back before it returned
+	state atomic.Int32
+	phase atomic.Int32 // what the server was last asked, for the error
 }
 
 // The states of a call (see call).
@@ -238,13 +261,16 @@ func (c *call) runBounded() (tenace.LockLease, error) {
 	p.workers.Add(1)
 	p.mu.Unlock()
 	res := make(chan outcome, 1) // the worker never blocks on it: Acquire may have left
+	c.early = res
 	go func() {
 		defer p.workers.Done()
 		defer wcancel(nil)
 		defer scancel()
 		defer stopClosed()
 		l, err := c.run()
-		res <- outcome{l, err}
+		if !c.told {
+			res <- outcome{l, err}
+		}
 	}()
 	t := time.NewTimer(time.Until(giveUp))
 	defer t.Stop()
@@ -294,7 +320,7 @@ func (c *call) untilDeadline() error {
 func (c *call) run() (l tenace.LockLease, err error) {
 	leased := false
 	defer func() {
-		if !leased {
+		if !leased && !c.freed {
 			<-c.p.slots
 		}
 	}()
@@ -325,11 +351,12 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 			// Acquire has left (see runBounded): ask nothing more. No
 			// cancel was sent on the connection, which holds nothing but
 			// a set's keys locked so far.
-			p.giveBack(conn, got)
+			c.giveBack(conn, got)
 			return nil, false, nil
 		}
 		c.phase.Store(phaseLocking)
 		sql, args := c.statement(key)
+		before := seen(conn)
 		var id *int32
 		var locked bool
 		var fence *int64
@@ -340,44 +367,60 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 		switch {
 		case isLockTimeout(err):
 			// The server's verdict: the key stayed held (or queued for)
-			// until the bound it was given. Almost always the session
-			// holds nothing new then; but PostgreSQL can grant the lock at
-			// the moment its lock_timeout fires and still fail the
-			// statement with the timeout (ProcSleep keeps the pending
-			// cancel, so that it is reported as a lock timeout), and a
-			// session-level advisory lock outlives the statement's error.
-			// A connection given back to the pool holding the key would
-			// keep it held by nobody, and one waiting again would take it
-			// a second time (advisory locks are reentrant), so that the
-			// lease's Release would leave it held. So the session lets go
-			// of everything it holds; a set starts again from its first
-			// key. Unless the call's context ended meanwhile, no cancel was
-			// sent: the connection is as good as new.
+			// until the bound it was given; unless the call's context
+			// ended meanwhile, no cancel was sent. But the verdict can
+			// come with the lock granted: a grant that lands as the
+			// timeout fires keeps the lock, and the timeout's interrupt,
+			// already pending, still fails the statement (PostgreSQL
+			// reports a lock timeout over the grant, see ProcSleep) — a
+			// session lock, which the aborted transaction does not give
+			// back. Seen in a stress of readers and writers, where a
+			// pooled connection kept a reader's share. So the session
+			// drops the key's lock if it holds it (dropRaced) before the
+			// connection is used again; a set keeps the keys locked
+			// before this one. A bulkhead's session may hold its gate too
+			// (taken before the timeout): it is ended (see giveBack).
 			if c.wctx.Err() != nil {
 				discard(conn)
 				l, err := c.waitEnded(true)
 				return l, false, err
 			}
-			if _, err := conn.Exec(c.wctx, `SELECT pg_advisory_unlock_all()`); err != nil || c.wctx.Err() != nil {
-				p.unlockAll(conn)
-				discard(conn)
-				if err != nil {
-					err = fmt.Errorf("pglock: acquiring %s: letting go of the session's locks after the server's lock timeout: %w", keyfmt.Quote(key), err)
-				}
-				l, err := c.failed(err, answered(err))
-				return l, false, err
+			if c.mode() == modePermit {
+				c.giveBack(conn, got)
+				return nil, false, nil
 			}
-			got, registered = nil, false
 			if c.bounded && time.Until(c.deadline) > 0 {
 				// The server's bound ends up to verdictLead before the
 				// Timeout (see lockTimeout), so that its "held" is back
 				// in time. With time left, wait again for what remains,
 				// each bound closer to the Timeout: "not granted" never
 				// comes before the Timeout, and a release in its last
-				// moments still grants.
+				// moments still grants. The statement again is the
+				// retry's, which finds a raced grant held (and fences it)
+				// rather than take the lock a second time.
+				c.retry = true
 				continue
 			}
-			p.giveBack(conn, got)
+			if c.early != nil {
+				// The verdict goes to Acquire now; the drop's round trip
+				// runs after it, on the worker (see runBounded). The
+				// connection slot goes back first, so that the caller's
+				// next Acquire finds it: that one then waits in the pool,
+				// whose MaxConns is the same bound, for this connection
+				// (a round trip), rather than fail with ErrPoolExhausted.
+				c.told, c.freed = true, true
+				<-p.slots
+				c.early <- outcome{}
+			}
+			if _, err := conn.Exec(c.wctx, p.dropSQL[c.mode()], []byte(key), p.classID); err != nil || c.wctx.Err() != nil {
+				discard(conn) // its session, and whatever it holds, ends
+				if c.wctx.Err() != nil {
+					l, err := c.waitEnded(true)
+					return l, false, err
+				}
+				return nil, false, nil
+			}
+			c.giveBack(conn, got)
 			return nil, false, nil
 		case err != nil:
 			// Unknown outcome: the statement may have taken the lock
@@ -386,7 +429,7 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 			dead := conn.Conn().IsClosed()
 			p.unlockAll(conn)
 			discard(conn)
-			if !dead || reconnected || got != nil || c.wctx.Err() != nil || p.closed.Err() != nil {
+			if !dead || reconnected || got != nil || c.gated || c.wctx.Err() != nil || p.closed.Err() != nil {
 				l, err := c.failed(fmt.Errorf("pglock: acquiring %s: %w", keyfmt.Quote(key), err), answered(err))
 				return l, false, err
 			}
@@ -408,7 +451,7 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 			// it. Whatever it found (granted, tried and refused, a key
 			// without a row), the call gave up: give back anything the
 			// session holds, and the connection too (see discard).
-			if locked || got != nil {
+			if locked || got != nil || c.mode() == modePermit {
 				p.unlockAll(conn)
 			}
 			discard(conn)
@@ -431,12 +474,35 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 			registered = true
 			continue
 		case id == nil:
-			p.giveBack(conn, got)
+			c.giveBack(conn, got)
 			return nil, false, fmt.Errorf("pglock: the key %s vanished from %s as it was registered; is something deleting its rows?", keyfmt.Quote(key), p.table)
+		case !locked && c.mode() == modePermit && c.opts.Timeout != tenace.NoWait:
+			// Every permit is taken: wait for one to come back, holding
+			// the gate (see permits.go), and count again; "held" once
+			// the wait's end (permitEnd) has come.
+			c.gated = true
+			if c.bounded && !time.Now().Before(c.permitEnd) {
+				c.giveBack(conn, got)
+				return nil, false, nil
+			}
+			if err := c.awaitPermit(conn, *id, before); err != nil {
+				// A LISTEN cut short, a connection that failed: as any
+				// failed statement (the session is ended).
+				p.unlockAll(conn)
+				discard(conn)
+				l, err := c.failed(fmt.Errorf("pglock: acquiring %s: %w", keyfmt.Quote(key), err), answered(err))
+				return l, false, err
+			}
+			if c.wctx.Err() != nil {
+				discard(conn) // the gate goes with the session
+				l, err := c.waitEnded(true)
+				return l, false, err
+			}
+			continue
 		case !locked:
 			// The try failed: the session holds nothing (but a set's
 			// keys locked so far).
-			p.giveBack(conn, got)
+			c.giveBack(conn, got)
 			return nil, false, nil
 		case fence == nil && p.fencing:
 			p.unlockAll(conn)
@@ -449,9 +515,25 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 		}
 		if c.keys != nil {
 			got = append(got, setGrant{key: key, id: *id, token: token})
-			if registered = false; len(got) < len(c.keys) {
+			if registered, c.retry = false, false; len(got) < len(c.keys) {
 				continue
 			}
+		}
+		if c.listening {
+			// The lease's connection must not receive NOTIFYs: its
+			// watcher would read them, and the pool would keep them.
+			_, err := conn.Exec(c.wctx, `UNLISTEN *`)
+			if err != nil || c.wctx.Err() != nil {
+				p.unlockAll(conn)
+				discard(conn)
+				if err == nil {
+					l, err := c.waitEnded(true)
+					return l, false, err
+				}
+				l, err := c.failed(fmt.Errorf("pglock: acquiring %s: UNLISTEN: %w", keyfmt.Quote(key), err), answered(err))
+				return l, false, err
+			}
+			c.listening = false
 		}
 		if !c.state.CompareAndSwap(callRunning, callClaimed) {
 			// Acquire left without waiting for this grant (see
@@ -464,24 +546,54 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 			l, err := p.grantSet(conn, got, c.opts)
 			return l, true, err
 		}
-		l, err := p.grant(conn, key, *id, token, c.opts)
+		l, err := p.grant(conn, key, *id, token, c.mode(), c.opts)
 		return l, true, err
 	}
 }
 
 // statement returns the acquire statement for key (c's, or one of its
-// set's) and its arguments: the try for NoWait; with a bound on the server
-// (see lockTimeout) when c is bounded, what remains of the Timeout; else
-// the plain wait, which only ctx and the Timeout's cancel end.
+// set's) and its arguments, by c's mode (exclusive, shared, a bulkhead's
+// gate, then its admission) and how it waits: the try for NoWait; with a
+// bound on the server (see lockTimeout) when c is bounded, what remains of
+// the Timeout; else the plain wait, which only ctx and the Timeout's cancel
+// end.
 func (c *call) statement(key string) (string, []any) {
 	p := c.p
+	kind, args := waitPlain, []any{[]byte(key), p.classID}
 	switch {
 	case c.opts.Timeout == tenace.NoWait:
-		return p.tryLockSQL, []any{[]byte(key), p.classID}
+		kind = waitNone
 	case c.bounded:
-		return p.boundedLockSQL, []any{[]byte(key), p.classID, lockTimeout(time.Until(c.deadline))}
+		kind = waitBounded
+		args = append(args, lockTimeout(time.Until(c.deadline)))
 	}
-	return p.lockSQL, []any{[]byte(key), p.classID}
+	if c.retry && kind == waitBounded && c.mode() != modePermit {
+		return p.retrySQL[c.mode()], args
+	}
+	switch c.mode() {
+	case modeShared:
+		return p.sharedSQL[kind], args
+	case modePermit:
+		sql := p.entrySQL[kind]
+		if c.gated {
+			sql = p.admitSQL[kind]
+		}
+		return sql, append(args, c.opts.Permits)
+	}
+	return p.lockSQL[kind], args
+}
+
+// giveBack is Provider.giveBack for a call that got no lease, whose
+// session holds a set's keys locked so far, or nothing — or, for a
+// bulkhead's caller that waits, maybe the key's gate (see permitStatement)
+// and a LISTEN: that session is ended (discard), which frees both at once,
+// with no round trip for the caller to wait for before it returns.
+func (c *call) giveBack(conn *pgxpool.Conn, got []setGrant) {
+	if c.mode() == modePermit && c.opts.Timeout != tenace.NoWait {
+		discard(conn)
+		return
+	}
+	c.p.giveBack(conn, got)
 }
 
 // lockTimeout is the server's bound on a wait for the key (lock_timeout,

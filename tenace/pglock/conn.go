@@ -130,9 +130,13 @@ func configure(cfg *pgxpool.Config, maxConns int, ka net.KeepAliveConfig) {
 		cfg.MinConns = cfg.MaxConns
 	}
 	cc := cfg.ConnConfig
+	// A bulkhead's waiter counts NOTIFYs (see awaitPermit); a lease's
+	// connection may receive one too, read by its watcher.
+	cc.OnNotification = onNotification
 	cc.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		h := &cancelHandler{conn: c}
 		c.CustomData()[handlerKey] = h
+		c.CustomData()[notificationsKey] = &notifications{}
 		return h
 	}
 	after := cfg.AfterConnect

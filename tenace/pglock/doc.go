@@ -19,7 +19,8 @@
 //
 // Acquire runs one statement on a connection of the provider's own pool: it
 // looks up the key's id, takes the session advisory lock
-// pg_advisory_lock(table OID, id) — or pg_try_advisory_lock with NoWait —
+// pg_advisory_lock(table OID, id) — or pg_try_advisory_lock with NoWait;
+// the _shared forms for a shared caller (see Shared locks and permits) —
 // and, only once the lock is held, increments the key's fence and returns
 // it; the statement commits before it answers. A key's first use inserts
 // its row (one more statement). Release runs pg_advisory_unlock on the same
@@ -123,7 +124,14 @@
 // to what remains of the Timeout less a third of it, 50 ms at most, so that
 // the server's answer is on its way back by the Timeout; its "lock timeout"
 // (SQLSTATE 55P03) is the server saying "held", and the connection goes
-// back to the pool. The wait on the server's queue is therefore up to 50 ms
+// back to the pool — once the session has dropped the lock if it holds it:
+// a grant that lands as the timeout fires keeps the lock, and the
+// statement still fails with the lock timeout. The drop is one more
+// round trip, run after Acquire has its answer, on the connection the call
+// still holds (its slot is free for the caller's next Acquire, which waits
+// in the pool for that connection): for that round trip, a grant that
+// raced the timeout is still held. When the wait goes on instead (see
+// below), the next statement counts such a grant as granted. The wait on the server's queue is therefore up to 50 ms
 // shorter than the Timeout. Acquire returns within the Timeout and 30 ms
 // whatever the server does: if no answer has come by then — a stalled or
 // overloaded server, a dial or a startup left unanswered, a network that
@@ -252,6 +260,73 @@
 // between sets, nor with the generic path, of any process; one with a
 // caller that holds a key while it asks for another in its own order can,
 // as between any two such callers: bound those waits with a Timeout.
+//
+// # Shared locks and permits
+//
+// Provider is a tenace.SharedLockProvider: LockAcquireOptions.Shared and
+// Permits work as the package tenace documents them, across processes.
+//
+// Read/write (Shared, Permits 0): a reader takes the key's advisory lock
+// shared (pg_advisory_lock_shared, pg_try_advisory_lock_shared with
+// NoWait), the lock a writer (Shared false) takes exclusive. PostgreSQL's
+// lock manager keeps readers together and writers alone, and queues a
+// new shared request behind an exclusive one that waits: a waiting writer
+// is not overtaken by readers that come after it, nor by a NoWait reader
+// (TestWriterNotOvertakenByLaterReaders shows both in pg_locks).
+//
+// A keyed bulkhead (Shared, Permits N > 0): a holder holds the key shared
+// too, so that a writer excludes it, and the holders are counted on the
+// server. Each key has a gate, a second advisory lock (the table's OID,
+// −id) that only a bulkhead's callers take, exclusive, while they are
+// admitted:
+//
+//	Acquire ── one statement: take the gate (waits in its queue, FIFO)
+//	           count the key's shared holders in pg_locks
+//	           fewer than N → take the key shared, fence, unlock the gate: granted
+//	           N or more    → keep the gate, and wait:
+//	             LISTEN on the key's channel (a wait longer than 100 ms)
+//	             a holder's Release sends a NOTIFY; a holder whose session
+//	             ended sends none, so count again every 100 ms anyway
+//	             (every 10 ms, not listening, for a shorter wait)
+//	           count again, holding the gate, until admitted or the wait ends
+//
+// Only the gate's holder counts and enters, so two callers never both see
+// N−1 holders; the gate's queue is the server's, so bulkhead callers are
+// admitted in arrival order, and the one at its head keeps those behind it
+// waiting (a NoWait caller finds the gate taken: not granted). A holder
+// lost with its session (a killed process, a terminated backend, a server
+// restart) gives its permit back as the session ends: the gate's holder
+// sees it at its next count, 100 ms at most (TestKilledPermitHolderGivesItsPermitBack;
+// locktest's PermitBackAfterLoss). Limits:
+//
+//   - PostgreSQL keeps no count per key: each caller checks its own
+//     Permits against the holders the server lists. Callers of one key
+//     that pass different Permits each enforce their own; a reader with
+//     Permits 0 takes no gate, is admitted beside any number of permit
+//     holders, and counts among them. So give every caller of a key the
+//     same Permits, as the package tenace asks (the in-process provider
+//     keeps the first holder's; pglock cannot).
+//   - A waiting bulkhead caller pins its connection, as any waiter does,
+//     and the gate's holder reads pg_locks once per release and every
+//     100 ms: a scan of the server's lock table, cheap for a few keys with
+//     waiters, not for thousands. An admission costs one round trip, as an
+//     exclusive acquire does; a release, one, with a NOTIFY (a write to the
+//     server's notification queue).
+//   - A bulkhead caller that gives up while it waits for a permit (its
+//     Timeout, ctx, Close) ends its session rather than unlock: the gate
+//     and the LISTEN go with it, at once, and the pool dials again later.
+//
+// Every rule of the exclusive lock holds for shared leases: each grant,
+// shared too, gets its own fencing token from the key's counter, strictly
+// increasing (readers' grants are numbered in the order their fence
+// updates commit); a lease is lost with its connection, its TTL or Close,
+// and its Release gives back its share alone; Timeout, NoWait, ctx and the
+// outage rules (ErrNoReply, the server's lock_timeout verdict, a stalled
+// server: TestSharedWaitersOnAStalledServer) are the same. A waiting writer
+// holds the gate of no one, so a bulkhead and a writer never wait for each
+// other in a cycle. Stats counts a shared lease as one lease in Held, as
+// an exclusive one, and a shared waiter once in Waiting. AcquireSet takes
+// its keys exclusive (Shared is an option error).
 //
 // # Errors
 //

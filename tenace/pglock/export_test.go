@@ -70,3 +70,10 @@ func (p *Provider) SetHooks(h Hooks) {
 // ReplyAllowance is how long past its Timeout an Acquire waits for an
 // answer that is due.
 const ReplyAllowance = replyAllowance
+
+// RaceSQL returns the statements that deal with a grant that raced a lock
+// timeout, for an exclusive caller: the wait again (retrySQL: $1 the key,
+// $2 the class id, $3 lock_timeout) and the drop (dropSQL: $1, $2).
+func (p *Provider) RaceSQL() (retry, drop string) {
+	return p.retrySQL[modeExclusive], p.dropSQL[modeExclusive]
+}

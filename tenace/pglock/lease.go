@@ -33,6 +33,7 @@ type lease struct {
 	id    int32
 	token uint64
 	set   []setGrant // a set's keys, all locked by the session (set.go); nil for one key
+	mode  lockMode   // modeExclusive, modeShared or modePermit (permits.go); a set's is exclusive
 	pid   uint32     // the backend's process id, for tests and errors
 
 	state     atomic.Int32 // leaseHeld, then leaseReleased or leaseLost
@@ -58,8 +59,8 @@ var (
 // grant turns conn, whose session now holds the lock of key, into a lease,
 // which owns conn and its connection slot from here, even when grant
 // fails (the provider was closed meanwhile: the lease ends at once).
-func (p *Provider) grant(conn *pgxpool.Conn, key string, id int32, fence uint64, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
-	l := &lease{p: p, conn: conn, key: key, id: id, token: fence}
+func (p *Provider) grant(conn *pgxpool.Conn, key string, id int32, fence uint64, mode lockMode, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
+	l := &lease{p: p, conn: conn, key: key, id: id, token: fence, mode: mode}
 	if err := p.hold(l, opts); err != nil {
 		return nil, err
 	}

@@ -26,6 +26,8 @@ func TestConformance(t *testing.T) {
 		TTL:        true,
 		Close:      true,
 		Shared:     true,
+		ReadWrite:  true,
+		Permits:    true,
 		Lose: func(t *testing.T, l tenace.LockLease) {
 			srv.Terminate(t, pglock.BackendPID(l))
 		},
@@ -44,6 +46,8 @@ func TestConformanceWithoutFencing(t *testing.T) {
 		TTL:        true,
 		Close:      true,
 		Shared:     true,
+		ReadWrite:  true,
+		Permits:    true,
 		Lose: func(t *testing.T, l tenace.LockLease) {
 			srv.Terminate(t, pglock.BackendPID(l))
 		},

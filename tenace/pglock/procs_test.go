@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"tenace.dev/internal/pgtest"
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/pglock"
 )
@@ -22,7 +23,7 @@ import (
 // holds a connection string; the other variables say what to do.
 const (
 	helperEnv   = "PGLOCK_TEST_HELPER_CONN"
-	helperMode  = "PGLOCK_TEST_HELPER_MODE" // "count", "order" or "hold"
+	helperMode  = "PGLOCK_TEST_HELPER_MODE" // "count", "order", "hold" or "holdpermit"
 	helperKey   = "PGLOCK_TEST_HELPER_KEY"
 	helperFile  = "PGLOCK_TEST_HELPER_FILE"
 	helperIndex = "PGLOCK_TEST_HELPER_INDEX"
@@ -43,9 +44,14 @@ func helperProcess(conn string) int {
 	}
 	defer p.Close()
 	key, file := os.Getenv(helperKey), os.Getenv(helperFile)
-	if os.Getenv(helperMode) == "hold" {
-		// Take the lock, say so, and hold it until killed.
-		if l, err := p.Acquire(ctx, key, tenace.LockAcquireOptions{}); err != nil || l == nil {
+	if mode := os.Getenv(helperMode); mode == "hold" || mode == "holdpermit" {
+		// Take the lock (the one permit of the key), say so, and hold it
+		// until killed.
+		opts := tenace.LockAcquireOptions{}
+		if mode == "holdpermit" {
+			opts = tenace.LockAcquireOptions{Shared: true, Permits: 1}
+		}
+		if l, err := p.Acquire(ctx, key, opts); err != nil || l == nil {
 			fmt.Fprintln(os.Stderr, "helper: acquire:", l, err)
 			return 1
 		}
@@ -161,24 +167,41 @@ func TestKilledHolderFreesTheKey(t *testing.T) {
 	srv := server(t)
 	p := newProvider(t, srv)
 	key := keyOf(t, "k")
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"="+srv.ConnString(), helperMode+"=hold", helperKey+"="+key)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	line, err := bufio.NewReader(out).ReadString('\n')
-	require.NoError(t, err)
-	require.Equal(t, "held\n", line)
+	kill := startHolder(t, srv, "hold", key)
 	r := acquireAsync(bg, p, key, tenace.LockAcquireOptions{Timeout: 10 * time.Second})
 	waitForWaiters(t, srv, key, 1)
 	start := time.Now()
-	require.NoError(t, cmd.Process.Kill())
+	kill()
 	res := <-r
 	delay := time.Since(start)
-	_ = cmd.Wait()
 	require.NoError(t, res.err)
 	require.NotNil(t, res.lease, "granted within 10s of the kill")
 	t.Logf("granted %v after the holder process was killed", delay)
 	require.NoError(t, res.lease.Release(bg))
+}
+
+// startHolder starts a helper process that takes key (mode "hold": the
+// whole key; "holdpermit": its one permit) and holds it until kill, which
+// sends it SIGKILL and reaps it.
+func startHolder(t *testing.T, srv *pgtest.Server, mode, key string) (kill func()) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+srv.ConnString(), helperMode+"="+mode, helperKey+"="+key)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	killed := false
+	kill = func() {
+		if !killed {
+			killed = true
+			require.NoError(t, cmd.Process.Kill())
+			_ = cmd.Wait()
+		}
+	}
+	t.Cleanup(kill)
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "held\n", line)
+	return kill
 }

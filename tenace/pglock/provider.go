@@ -55,7 +55,20 @@ type Provider struct {
 	fencing  bool          // leases carry a fencing token (not WithoutFencing)
 	slots    chan struct{} // a token per connection in use (held + waiting); cap maxConns
 
-	lockSQL, boundedLockSQL, tryLockSQL, registerSQL string
+	// The acquire statements, by how they wait (waitKind): lockSQL takes
+	// the key exclusive, sharedSQL shared (Permits 0); entrySQL takes a
+	// bulkhead's gate and, if one is free, one of its permits, admitSQL a
+	// permit for a session that holds the gate (see permits.go).
+	lockSQL, sharedSQL, entrySQL, admitSQL [waitKinds]string
+	// dropSQL[mode] unlocks the key's lock ($1, $2 as above) if the
+	// session holds it in mode (exclusive or shared): after a lock timeout
+	// (see call.lock).
+	dropSQL [modeShared + 1]string
+	// retrySQL[mode] is lockSQL or sharedSQL, bounded, for the wait again
+	// after a lock timeout: it counts the lock granted if the session
+	// holds it already (a grant that raced the timeout; see call.lock).
+	retrySQL    [modeShared + 1]string
+	registerSQL string
 
 	held    atomic.Int64 // leases held through this provider
 	waiting atomic.Int64 // callers inside Acquire
@@ -143,7 +156,9 @@ func (p *Provider) queue(d int, keys ...string) {
 // waiting in this process (inside Acquire, whether for a connection or on
 // the server's lock queue), and the most of those waiting for one key. A
 // set (AcquireSet) counts each of its keys in Held, and once in Waiting, in
-// the queue of each of its keys. It is three atomic loads.
+// the queue of each of its keys; a shared lease (a reader's, a bulkhead
+// permit's) counts as one lease in Held, as an exclusive one does, and a
+// shared caller once in Waiting. It is three atomic loads.
 //
 // A lease counts in Held from its grant until its lock is given back: a
 // Release's unlock; for a lease lost to its TTL or to Close, until the
@@ -345,7 +360,8 @@ func (p *Provider) check(ctx context.Context, s settings) error {
 // key's id, takes the advisory lock (lockFn waits, or tries), and — only
 // when the lock is held — increments the key's fence and returns it, all
 // in one statement (one implicit transaction, committed before the reply,
-// synchronously: see syncCommit).
+// synchronously: see syncCommit). A statement that does not fence (a
+// provider WithoutFencing, a bulkhead's gate) only takes the lock.
 //
 // Returns (id, locked, fence): id NULL when the key has no row yet
 // (register it and run again); locked false when the try failed; fence NULL
@@ -357,9 +373,11 @@ func (p *Provider) check(ctx context.Context, s settings) error {
 // holder's own fence update); and although the statement's snapshot was
 // taken before the wait, an UPDATE under READ COMMITTED applies to the
 // row's newest committed version (it rechecks and follows the update
-// chain), so the previous holder's increment is never lost.
-func (p *Provider) lockStatement(lockExpr string) string {
-	if !p.fencing {
+// chain), so the previous holder's increment is never lost — nor a shared
+// holder's, granted beside this one: the second UPDATE of the row waits
+// for the first to commit, and increments what it committed.
+func (p *Provider) lockStatement(lockExpr string, fence bool) string {
+	if !fence {
 		return `WITH k AS (SELECT id FROM ` + p.table + ` WHERE key = $1),
 l AS MATERIALIZED (SELECT ` + lockExpr + ` AS ok FROM k)
 SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), NULL::bigint`
@@ -381,39 +399,85 @@ SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), (SELECT fence FR
 // pooler in session mode may refuse.
 const syncCommit = `set_config('synchronous_commit', CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' ELSE current_setting('synchronous_commit') END, true)`
 
+// bounded is the lock expression of lock (a pg_advisory_lock function) on
+// ($2, id) for a bounded wait (see prepareSQL).
+func bounded(lock, id string) string {
+	return `CASE WHEN set_config('lock_timeout', $3::text, true) IS NOT NULL THEN CASE WHEN ` + lock + `($2::int4, ` + id + `) IS NOT NULL THEN set_config('lock_timeout', '0', true) IS NOT NULL END END`
+}
+
 func (p *Provider) prepareSQL() {
-	// pg_advisory_lock returns void, which IS NOT NULL.
-	p.lockSQL = p.lockStatement(`pg_advisory_lock($2::int4, k.id) IS NOT NULL`)
 	// $3 is the wait's bound on the server (see lockTimeout): set_config
 	// runs before the lock function, as a CASE evaluates its condition
-	// first, and is local to the statement's transaction.
-	p.boundedLockSQL = p.lockStatement(`CASE WHEN set_config('lock_timeout', $3::text, true) IS NOT NULL THEN pg_advisory_lock($2::int4, k.id) IS NOT NULL END`)
-	p.tryLockSQL = p.lockStatement(`pg_try_advisory_lock($2::int4, k.id)`)
+	// first, and is local to the statement's transaction. Once the lock is
+	// granted, lock_timeout goes back to 0: the bound is the advisory
+	// lock's wait alone. The fence's UPDATE may wait for another grant's
+	// (a shared holder's) to commit, and a lock_timeout there would fail
+	// the statement with the advisory lock taken — a session lock, which
+	// the transaction's abort does not release — as if the wait had
+	// failed; the caller would take it again (a session's advisory locks
+	// are reentrant) and release it once: a leak.
+	for kind, f := range map[waitKind]func(lock, id string) string{
+		// pg_advisory_lock returns void, which IS NOT NULL.
+		waitPlain: func(lock, id string) string {
+			return lock + `($2::int4, ` + id + `) IS NOT NULL`
+		},
+		waitBounded: bounded,
+		waitNone:    func(lock, id string) string { return `pg_try_` + lock[len("pg_"):] + `($2::int4, ` + id + `)` },
+	} {
+		p.lockSQL[kind] = p.lockStatement(f("pg_advisory_lock", "k.id"), p.fencing)
+		p.sharedSQL[kind] = p.lockStatement(f("pg_advisory_lock_shared", "k.id"), p.fencing)
+		nParam := "$3" // N follows the statement's other parameters
+		if kind == waitBounded {
+			nParam = "$4"
+		}
+		shared := f("pg_advisory_lock_shared", "k.id")
+		p.entrySQL[kind] = p.permitStatement(f("pg_advisory_lock", "-k.id"), shared, nParam, kind == waitNone)
+		// With the gate held, only the shared wait sets lock_timeout.
+		p.admitSQL[kind] = p.permitStatement("", shared, nParam, kind == waitNone)
+	}
+	for mode, m := range map[lockMode]struct{ lock, unlock, lockMode string }{
+		modeExclusive: {"pg_advisory_lock", "pg_advisory_unlock", "ExclusiveLock"},
+		modeShared:    {"pg_advisory_lock_shared", "pg_advisory_unlock_shared", "ShareLock"},
+	} {
+		mine := `EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.classid = $2::int4::oid
+	AND l.objid = k.id::oid AND l.objsubid = 2 AND l.mode = '` + m.lockMode + `' AND l.granted)`
+		// Checked in pg_locks first: an unlock of a lock not held says so
+		// in a WARNING, to the client and the server's log.
+		p.dropSQL[mode] = `SELECT ` + m.unlock + `($2::int4, k.id) FROM ` + p.table + ` k WHERE k.key = $1 AND ` + mine
+		p.retrySQL[mode] = p.lockStatement(`CASE WHEN `+mine+` THEN true ELSE `+bounded(m.lock, "k.id")+` END`, p.fencing)
+	}
 	p.registerSQL = `INSERT INTO ` + p.table + ` (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
 }
 
 // keyBusy reports whether another caller of this process holds one of
-// keys or waits for it (the caller asking counts itself in the queue):
-// then a Timeout that passed while waiting for a connection is the key's
-// contention, (nil, nil), whatever the pool.
-func (p *Provider) keyBusy(keys []string) bool {
+// keys (in a mode that excludes mode's: see holds) or waits for it (the
+// caller asking counts itself in the queue): then a Timeout that passed
+// while waiting for a connection is the key's contention, (nil, nil),
+// whatever the pool.
+func (p *Provider) keyBusy(keys []string, mode lockMode) bool {
 	p.mu.Lock()
 	busy := false
 	for _, key := range keys {
 		busy = busy || p.queues.perKey[key] > 1
 	}
 	p.mu.Unlock()
-	return busy || p.holds(keys)
+	return busy || p.holds(keys, mode)
 }
 
-// holds reports whether a lease of this provider holds one of keys: then a
-// call for them that the server did not answer in time is the key's
-// contention, (nil, nil) — the server said the key is held when it granted
-// that lease, and has not said otherwise since — not ErrNoReply.
-func (p *Provider) holds(keys []string) bool {
+// holds reports whether a lease of this provider holds one of keys in a
+// mode that excludes a caller in mode (an exclusive lease excludes all; a
+// shared one, an exclusive caller): then a call for them that the server
+// did not answer in time is the key's contention, (nil, nil) — the server
+// said the key is held when it granted that lease, and has not said
+// otherwise since — not ErrNoReply. A shared lease says nothing of a
+// shared caller (a bulkhead's permits may all be taken, or not).
+func (p *Provider) holds(keys []string, mode lockMode) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for l := range p.leases {
+		if l.mode != modeExclusive && mode != modeExclusive {
+			continue
+		}
 		for _, key := range keys {
 			if l.has(key) {
 				return true

@@ -2,6 +2,7 @@ package pglock
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 
@@ -48,6 +49,9 @@ func (p *Provider) AcquireSet(ctx context.Context, keys []string, opts tenace.Lo
 	}
 	if err := tenace.ValidateAcquire(keys[0], opts); err != nil {
 		return nil, err
+	}
+	if opts.Shared {
+		return nil, fmt.Errorf("%w: LockAcquireOptions.Shared: a set of keys is taken exclusive; take shared keys one Acquire each, in one order", tenace.ErrInvalidOption)
 	}
 	sorted := slices.Sorted(slices.Values(keys))
 	l, err := p.acquire(&call{p: p, ctx: ctx, key: sorted[0], keys: sorted, opts: opts})
@@ -171,7 +175,11 @@ func (l *lease) name() string {
 // every key's of its set; it returns whether the session held them all.
 func (l *lease) unlock(ctx context.Context) pgx.Row {
 	if l.set == nil {
-		return l.conn.QueryRow(ctx, `SELECT pg_advisory_unlock($1::int4, $2)`, l.p.classID, l.id)
+		args := []any{l.p.classID, l.id}
+		if l.mode == modePermit {
+			args = append(args, l.p.permitChannel(l.id))
+		}
+		return l.conn.QueryRow(ctx, l.unlockSQL(), args...)
 	}
 	ids := make([]int32, len(l.set))
 	for i, g := range l.set {
@@ -192,10 +200,10 @@ func (c *call) all() []string {
 func (c *call) queue(d int) { c.p.queue(d, c.all()...) }
 
 // busy is keyBusy for c's keys.
-func (c *call) busy() bool { return c.p.keyBusy(c.all()) }
+func (c *call) busy() bool { return c.p.keyBusy(c.all(), c.mode()) }
 
 // held is holds for c's keys.
-func (c *call) held() bool { return c.p.holds(c.all()) }
+func (c *call) held() bool { return c.p.holds(c.all(), c.mode()) }
 
 // name is how errors name what c asks for: its key, or its set's.
 func (c *call) name() string {
