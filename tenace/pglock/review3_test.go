@@ -95,3 +95,32 @@ func TestReview3WaitingBulkheadAdmits(t *testing.T) {
 	t.Logf("grants %d, most holders at once %d", grants.Load(), most.Load())
 	require.LessOrEqual(t, most.Load(), int64(1), "more holders than permits")
 }
+
+// TestReview3BulkheadTimeoutBehindWriterIsHeld: a bulkhead caller that
+// waits for the gate, then for a writer, is told "held" at its Timeout,
+// not ErrNoReply. Fails on main: the entry statement gives the gate wait
+// and then the shared wait each the whole lock_timeout ($3), so a caller
+// granted the gate late in its Timeout waits for the writer past it, and
+// Acquire, hearing nothing by the Timeout and the reply allowance, reports
+// an outage of a server that answered all along.
+func TestReview3BulkheadTimeoutBehindWriterIsHeld(t *testing.T) {
+	srv := server(t)
+	key := keyOf(t, "k")
+	w := mustAcquire(t, newProvider(t, srv), key, writer) // another process's writer
+	first := bulkhead(2)
+	first.Timeout = time.Second
+	r1 := acquireAsync(bg, newProvider(t, srv), key, first) // holds the gate, waits for the writer
+	waitForWaiters(t, srv, key, 1)
+	second := bulkhead(2)
+	second.Timeout = 2 * time.Second
+	start := time.Now()
+	l, err := newProvider(t, srv).Acquire(bg, key, second) // waits for the gate, then the writer
+	took := time.Since(start)
+	r := <-r1
+	require.NoError(t, r.err)
+	require.Nil(t, r.lease)
+	require.NoError(t, err, "after %v", took)
+	require.Nil(t, l)
+	require.NoError(t, w.Release(bg))
+	waitFree(t, srv, key)
+}
