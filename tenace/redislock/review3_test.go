@@ -51,4 +51,3 @@ func TestReview3ReaderWokenWhenAWaitingWriterGivesUp(t *testing.T) {
 	}
 	require.NoError(t, r1.Release(bg))
 }
-
