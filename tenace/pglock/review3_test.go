@@ -1,0 +1,126 @@
+package pglock_test
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"tenace.dev/tenace"
+	"tenace.dev/tenace/pglock"
+)
+
+// TestReview3NoWaitBulkheadOverAdmits: NoWait callers of a bulkhead of one
+// permit, never more than one holder at once. Fails on main (3 holders at
+// once seen): in permitStatement with release (NoWait), g, the gate's
+// unlock, is read in the final SELECT's FROM and no longer depends on l, so
+// PostgreSQL runs it before the target list's (SELECT ok FROM l): the gate
+// is unlocked before the count and the take, and two NoWait callers both
+// count N-1 and both take a permit.
+func TestReview3NoWaitBulkheadOverAdmits(t *testing.T) {
+	srv := server(t)
+	p := newProvider(t, srv)
+	key := keyOf(t, "k")
+	opts := tenace.LockAcquireOptions{Shared: true, Permits: 1, Timeout: tenace.NoWait}
+	var in, most, grants atomic.Int64
+	end := time.Now().Add(5 * time.Second)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				l, err := p.Acquire(bg, key, opts)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if l == nil {
+					continue
+				}
+				grants.Add(1)
+				n := in.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				time.Sleep(time.Millisecond) // hold it a moment
+				in.Add(-1)
+				require.NoError(t, l.Release(bg))
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("grants %d, most holders at once %d", grants.Load(), most.Load())
+	require.LessOrEqual(t, most.Load(), int64(1), "more holders than permits")
+}
+
+// TestReview3WaitingBulkheadAdmits is the same with callers that wait (a
+// short Timeout, and none): the gate is held through the count and the take.
+func TestReview3WaitingBulkheadAdmits(t *testing.T) {
+	srv := server(t)
+	p := newProvider(t, srv)
+	key := keyOf(t, "k")
+	var in, most, grants atomic.Int64
+	end := time.Now().Add(5 * time.Second)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			opts := tenace.LockAcquireOptions{Shared: true, Permits: 1, Timeout: 50 * time.Millisecond}
+			if g%2 == 0 {
+				opts.Timeout = 0
+			}
+			for time.Now().Before(end) {
+				l, err := p.Acquire(bg, key, opts)
+				if errors.Is(err, pglock.ErrNoReply) {
+					continue // a loaded machine
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if l == nil {
+					continue
+				}
+				grants.Add(1)
+				n := in.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				time.Sleep(time.Millisecond)
+				in.Add(-1)
+				require.NoError(t, l.Release(bg))
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("grants %d, most holders at once %d", grants.Load(), most.Load())
+	require.LessOrEqual(t, most.Load(), int64(1), "more holders than permits")
+}
+
+// TestReview3BulkheadTimeoutBehindWriterIsHeld: a bulkhead caller that
+// waits for the gate, then for a writer, is told "held" at its Timeout,
+// not ErrNoReply. Fails on main: the entry statement gives the gate wait
+// and then the shared wait each the whole lock_timeout ($3), so a caller
+// granted the gate late in its Timeout waits for the writer past it, and
+// Acquire, hearing nothing by the Timeout and the reply allowance, reports
+// an outage of a server that answered all along.
+func TestReview3BulkheadTimeoutBehindWriterIsHeld(t *testing.T) {
+	srv := server(t)
+	key := keyOf(t, "k")
+	w := mustAcquire(t, newProvider(t, srv), key, writer) // another process's writer
+	first := bulkhead(2)
+	first.Timeout = time.Second
+	r1 := acquireAsync(bg, newProvider(t, srv), key, first) // holds the gate, waits for the writer
+	waitForWaiters(t, srv, key, 1)
+	second := bulkhead(2)
+	second.Timeout = 2 * time.Second
+	start := time.Now()
+	l, err := newProvider(t, srv).Acquire(bg, key, second) // waits for the gate, then the writer
+	took := time.Since(start)
+	r := <-r1
+	require.NoError(t, r.err)
+	require.Nil(t, r.lease)
+	require.NoError(t, err, "after %v", took)
+	require.Nil(t, l)
+	require.NoError(t, w.Release(bg))
+	waitFree(t, srv, key)
+}
