@@ -293,7 +293,10 @@
 // Only the gate's holder counts and enters, so two callers never both see
 // N−1 holders; the gate's queue is the server's, so bulkhead callers are
 // admitted in arrival order, and the one at its head keeps those behind it
-// waiting (a NoWait caller finds the gate taken: not granted). A holder
+// waiting (a NoWait caller finds the gate taken: not granted — also while
+// another caller only passes through it for a moment, with permits free;
+// TestANoWaitBulkheadNeverAdmitsMoreThanN checks that NoWait callers never
+// over-admit). A holder
 // lost with its session (a killed process, a terminated backend, a server
 // restart) gives its permit back as the session ends: the gate's holder
 // sees it at its next count, 100 ms at most (TestKilledPermitHolderGivesItsPermitBack;

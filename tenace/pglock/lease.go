@@ -27,14 +27,15 @@ import (
 // conn.
 type lease struct {
 	tenace.LeaseSignal
-	p     *Provider
-	conn  *pgxpool.Conn
-	key   string
-	id    int32
-	token uint64
-	set   []setGrant // a set's keys, all locked by the session (set.go); nil for one key
-	mode  lockMode   // modeExclusive, modeShared or modePermit (permits.go); a set's is exclusive
-	pid   uint32     // the backend's process id, for tests and errors
+	p       *Provider
+	conn    *pgxpool.Conn
+	key     string
+	id      int32
+	token   uint64
+	set     []setGrant // a set's keys, all locked by the session (set.go); nil for one key
+	mode    lockMode   // modeExclusive, modeShared or modePermit (permits.go); a set's is exclusive
+	permits int        // a permit lease's count (LockAcquireOptions.Permits); 0 otherwise
+	pid     uint32     // the backend's process id, for tests and errors
 
 	state     atomic.Int32 // leaseHeld, then leaseReleased or leaseLost
 	stopping  atomic.Bool  // set by the ender before it stops the watcher
@@ -61,6 +62,9 @@ var (
 // fails (the provider was closed meanwhile: the lease ends at once).
 func (p *Provider) grant(conn *pgxpool.Conn, key string, id int32, fence uint64, mode lockMode, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
 	l := &lease{p: p, conn: conn, key: key, id: id, token: fence, mode: mode}
+	if mode == modePermit {
+		l.permits = opts.Permits
+	}
 	if err := p.hold(l, opts); err != nil {
 		return nil, err
 	}

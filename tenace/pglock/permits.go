@@ -84,7 +84,11 @@ const (
 // the caller will not wait).
 //
 // The count is taken once the gate is held (n uses gt) and before the lock
-// (l uses n); the gate is unlocked after the lock (g uses l), before the
+// (l uses n); the gate is unlocked after the lock (g reads l in its FROM,
+// also when release unlocks it whatever l found: PostgreSQL runs the final
+// SELECT's FROM before its select list, so a g that did not read l would
+// open the gate before the count, and two NoWait callers could both count
+// N−1 and both enter), before the
 // fence's update commits, which is safe: the next caller's count already
 // sees this holder, and its own fence update waits for this one's to
 // commit, as two readers' do.
@@ -109,7 +113,7 @@ func (p *Provider) permitStatement(gateExpr, sharedExpr, nParam string, release 
 gt AS MATERIALIZED (SELECT ` + gate + ` AS ok FROM k),
 n AS MATERIALIZED (` + count + `),
 l AS MATERIALIZED (SELECT CASE WHEN (SELECT ok FROM gt) AND n.held < ` + nParam + `::int8 THEN ` + sharedExpr + ` ELSE false END AS ok FROM k, n),
-g AS MATERIALIZED (SELECT CASE WHEN ` + unlock + ` THEN pg_advisory_unlock($2::int4, -(SELECT id FROM k)) END AS open)`
+g AS MATERIALIZED (SELECT CASE WHEN ` + unlock + ` THEN pg_advisory_unlock($2::int4, -(SELECT id FROM k)) END AS open FROM (SELECT count(*) FROM l) AS after_l)`
 	if !p.fencing {
 		return head + `
 SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), NULL::bigint FROM g`

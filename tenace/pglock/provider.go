@@ -405,6 +405,15 @@ func bounded(lock, id string) string {
 	return `CASE WHEN set_config('lock_timeout', $3::text, true) IS NOT NULL THEN CASE WHEN ` + lock + `($2::int4, ` + id + `) IS NOT NULL THEN set_config('lock_timeout', '0', true) IS NOT NULL END END`
 }
 
+// boundedLeft is bounded for a wait that comes second in its statement
+// (a bulkhead's shared wait, after the gate's): lock_timeout is what
+// remains of $3 since the statement started, at least 1 ms, so that the
+// two waits together keep the caller's bound.
+func boundedLeft(lock, id string) string {
+	left := `greatest(1, $3::int8 - floor(extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000)::int8)::text`
+	return strings.Replace(bounded(lock, id), `$3::text`, left, 1)
+}
+
 func (p *Provider) prepareSQL() {
 	// $3 is the wait's bound on the server (see lockTimeout): set_config
 	// runs before the lock function, as a CASE evaluates its condition
@@ -431,6 +440,9 @@ func (p *Provider) prepareSQL() {
 			nParam = "$4"
 		}
 		shared := f("pg_advisory_lock_shared", "k.id")
+		if kind == waitBounded {
+			shared = boundedLeft("pg_advisory_lock_shared", "k.id")
+		}
 		p.entrySQL[kind] = p.permitStatement(f("pg_advisory_lock", "-k.id"), shared, nParam, kind == waitNone)
 		// With the gate held, only the shared wait sets lock_timeout.
 		p.admitSQL[kind] = p.permitStatement("", shared, nParam, kind == waitNone)
@@ -454,33 +466,41 @@ func (p *Provider) prepareSQL() {
 // caller asking counts itself in the queue): then a Timeout that passed
 // while waiting for a connection is the key's contention, (nil, nil),
 // whatever the pool.
-func (p *Provider) keyBusy(keys []string, mode lockMode) bool {
+func (p *Provider) keyBusy(keys []string, mode lockMode, permits int) bool {
 	p.mu.Lock()
 	busy := false
 	for _, key := range keys {
 		busy = busy || p.queues.perKey[key] > 1
 	}
 	p.mu.Unlock()
-	return busy || p.holds(keys, mode)
+	return busy || p.holds(keys, mode, permits)
 }
 
-// holds reports whether a lease of this provider holds one of keys in a
+// holds reports whether leases of this provider hold one of keys in a
 // mode that excludes a caller in mode (an exclusive lease excludes all; a
-// shared one, an exclusive caller): then a call for them that the server
-// did not answer in time is the key's contention, (nil, nil) — the server
-// said the key is held when it granted that lease, and has not said
-// otherwise since — not ErrNoReply. A shared lease says nothing of a
-// shared caller (a bulkhead's permits may all be taken, or not).
-func (p *Provider) holds(keys []string, mode lockMode) bool {
+// shared one, an exclusive caller; a bulkhead caller of permits N, N
+// permit leases of the key with that count): then a call for them that
+// the server did not answer in time is the key's contention, (nil, nil) —
+// the server said the key is held when it granted those leases, and has
+// not said otherwise since — not ErrNoReply. Fewer permit leases, or a
+// reader's, say nothing of a shared caller (the key's other permits are
+// held elsewhere, or not).
+func (p *Provider) holds(keys []string, mode lockMode, permits int) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	taken := 0
 	for l := range p.leases {
-		if l.mode != modeExclusive && mode != modeExclusive {
-			continue
-		}
 		for _, key := range keys {
-			if l.has(key) {
+			if !l.has(key) {
+				continue
+			}
+			switch {
+			case l.mode == modeExclusive, mode == modeExclusive:
 				return true
+			case mode == modePermit && l.mode == modePermit && l.permits == permits:
+				if taken++; taken >= permits {
+					return true
+				}
 			}
 		}
 	}

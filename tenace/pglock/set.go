@@ -200,10 +200,10 @@ func (c *call) all() []string {
 func (c *call) queue(d int) { c.p.queue(d, c.all()...) }
 
 // busy is keyBusy for c's keys.
-func (c *call) busy() bool { return c.p.keyBusy(c.all(), c.mode()) }
+func (c *call) busy() bool { return c.p.keyBusy(c.all(), c.mode(), c.opts.Permits) }
 
 // held is holds for c's keys.
-func (c *call) held() bool { return c.p.holds(c.all(), c.mode()) }
+func (c *call) held() bool { return c.p.holds(c.all(), c.mode(), c.opts.Permits) }
 
 // name is how errors name what c asks for: its key, or its set's.
 func (c *call) name() string {

@@ -241,8 +241,11 @@ const minMarkLife = 250 * time.Millisecond
 // unmark takes a's mark off the writers waiting, in the background: a
 // writer that gives up must not hold back shared callers for the rest of
 // its mark's life. (A try whose reply was lost may have marked unseen:
-// that mark lapses on its own.) A plain ZREM, bounded by the mark's life
-// (the mark is gone by then anyway); a failure is left to that life.
+// that mark lapses on its own.) The script publishes on the key's release
+// channel when it took a mark off, so that a reader the mark held back —
+// in any process — tries again at once rather than at its fallback
+// interval. Bounded by the mark's life (the mark is gone by then anyway);
+// a failure is left to that life.
 func (p *Provider) unmark(a *attempt) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -254,9 +257,19 @@ func (p *Provider) unmark(a *attempt) {
 		defer p.bg.Done()
 		ctx, cancel := context.WithTimeout(p.stop, time.Duration(a.markMS)*time.Millisecond)
 		defer cancel()
-		_ = p.client.ZRem(ctx, a.writersKey, a.token).Err()
+		_ = unmarkScript.Run(ctx, p.client, []string{a.writersKey}, a.token, a.channel).Err()
 	}()
 }
+
+// unmarkScript takes a waiting writer's mark (ARGV[1]) off the key's
+// writers (KEYS[1]) and, if it was there, publishes on the key's release
+// channel (ARGV[2]).
+var unmarkScript = redis.NewScript(`
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+	redis.call('PUBLISH', ARGV[2], '1')
+end
+return 0
+`)
 
 // validate checks what Acquire is given: the kit's checks, and Redis's
 // resolution of a millisecond.

@@ -28,7 +28,8 @@ import (
 )
 
 // scriptHook calls its function with the number of keys of every script
-// the client sends (EVAL/EVALSHA sha numkeys ...): "1" a renewal, "2" a
+// the client sends (EVAL/EVALSHA sha numkeys ...): "1" a renewal (or, with
+// shared holders, a waiting writer's unmark), "2" a
 // release (or a void), "5" an acquire; a shared lease's renewal has 2 keys,
 // its release and void 3.
 type scriptHook func(numKeys string)

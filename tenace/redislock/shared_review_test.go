@@ -9,13 +9,13 @@ import (
 	"tenace.dev/tenace/redislock"
 )
 
-// TestReview3ReaderWokenWhenAWaitingWriterGivesUp: a reader held back by a
+// TestAReaderIsWokenWhenAWaitingWriterGivesUp: a reader held back by a
 // waiting writer's mark is granted soon after that writer gives up (another
 // reader holds the key: nothing else keeps it out). On main it sleeps until
 // its fallback timer (half to all of the retry interval): the writer's
 // unmark is a bare ZREM, with no PUBLISH, so waiters in other processes are
 // not told.
-func TestReview3ReaderWokenWhenAWaitingWriterGivesUp(t *testing.T) {
+func TestAReaderIsWokenWhenAWaitingWriterGivesUp(t *testing.T) {
 	_, c := setup(t)
 	const retry = 8 * time.Second
 	pr := redislock.New(c, redislock.WithRetryInterval(retry))

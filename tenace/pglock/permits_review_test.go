@@ -13,14 +13,14 @@ import (
 	"tenace.dev/tenace/pglock"
 )
 
-// TestReview3NoWaitBulkheadOverAdmits: NoWait callers of a bulkhead of one
+// TestANoWaitBulkheadNeverAdmitsMoreThanN: NoWait callers of a bulkhead of one
 // permit, never more than one holder at once. Fails on main (3 holders at
 // once seen): in permitStatement with release (NoWait), g, the gate's
 // unlock, is read in the final SELECT's FROM and no longer depends on l, so
 // PostgreSQL runs it before the target list's (SELECT ok FROM l): the gate
 // is unlocked before the count and the take, and two NoWait callers both
 // count N-1 and both take a permit.
-func TestReview3NoWaitBulkheadOverAdmits(t *testing.T) {
+func TestANoWaitBulkheadNeverAdmitsMoreThanN(t *testing.T) {
 	srv := server(t)
 	p := newProvider(t, srv)
 	key := keyOf(t, "k")
@@ -54,9 +54,9 @@ func TestReview3NoWaitBulkheadOverAdmits(t *testing.T) {
 	require.LessOrEqual(t, most.Load(), int64(1), "more holders than permits")
 }
 
-// TestReview3WaitingBulkheadAdmits is the same with callers that wait (a
+// TestAWaitingBulkheadNeverAdmitsMoreThanN is the same with callers that wait (a
 // short Timeout, and none): the gate is held through the count and the take.
-func TestReview3WaitingBulkheadAdmits(t *testing.T) {
+func TestAWaitingBulkheadNeverAdmitsMoreThanN(t *testing.T) {
 	srv := server(t)
 	p := newProvider(t, srv)
 	key := keyOf(t, "k")
@@ -96,14 +96,14 @@ func TestReview3WaitingBulkheadAdmits(t *testing.T) {
 	require.LessOrEqual(t, most.Load(), int64(1), "more holders than permits")
 }
 
-// TestReview3BulkheadTimeoutBehindWriterIsHeld: a bulkhead caller that
+// TestABulkheadCallerBehindAWriterIsContentionAtItsTimeout: a bulkhead caller that
 // waits for the gate, then for a writer, is told "held" at its Timeout,
 // not ErrNoReply. Fails on main: the entry statement gives the gate wait
 // and then the shared wait each the whole lock_timeout ($3), so a caller
 // granted the gate late in its Timeout waits for the writer past it, and
 // Acquire, hearing nothing by the Timeout and the reply allowance, reports
 // an outage of a server that answered all along.
-func TestReview3BulkheadTimeoutBehindWriterIsHeld(t *testing.T) {
+func TestABulkheadCallerBehindAWriterIsContentionAtItsTimeout(t *testing.T) {
 	srv := server(t)
 	key := keyOf(t, "k")
 	w := mustAcquire(t, newProvider(t, srv), key, writer) // another process's writer
