@@ -1,0 +1,140 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"tenace.dev/tenace"
+	"tenace.dev/tenace/etcdlock"
+)
+
+// TestSharedStress mixes, for a few seconds, readers and writers of one key
+// and the callers of a 3-permit bulkhead on another, from 48 goroutines
+// over two provider values (a client each, as two processes), with
+// timeouts and cancels among them: never a writer beside anyone, never
+// more than 3 bulkhead holders, writers' tokens increasing, and both
+// queues empty at the end.
+func TestSharedStress(t *testing.T) {
+	c := cluster(t)
+	providers := []*etcdlock.Provider{
+		newProvider(t, newClient(t, c.Endpoints()...)),
+		newProvider(t, newClient(t, c.Endpoints()...)),
+	}
+	rw, bulk := keyOf(t, "rw"), keyOf(t, "bulk")
+	const workers, permits = 48, 3
+	var (
+		readers, writers, holders atomic.Int64
+		lastToken                 atomic.Uint64 // the last writer's, set while it holds the key alone
+		grants, notGranted        atomic.Int64
+		peakReaders, peakHolders  atomic.Int64
+	)
+	peak := func(p *atomic.Int64, v int64) {
+		for old := p.Load(); v > old && !p.CompareAndSwap(old, v); old = p.Load() {
+		}
+	}
+	end := time.Now().Add(3 * time.Second)
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := providers[w%2]
+			rnd := rand.New(rand.NewPCG(uint64(w), 28))
+			for time.Now().Before(end) {
+				key, opts := bulk, tenace.LockAcquireOptions{Shared: true, Permits: permits}
+				writer := false
+				if w%3 != 0 { // two thirds on the read/write key, a fifth of them writers
+					key, opts = rw, tenace.LockAcquireOptions{Shared: true}
+					if writer = rnd.IntN(5) == 0; writer {
+						opts = tenace.LockAcquireOptions{}
+					}
+				}
+				ctx, cancel := context.WithCancel(bg)
+				switch rnd.IntN(6) {
+				case 0:
+					opts.Timeout = time.Duration(5+rnd.IntN(30)) * time.Millisecond
+				case 1:
+					opts.Timeout = tenace.NoWait
+				case 2:
+					time.AfterFunc(time.Duration(rnd.IntN(30))*time.Millisecond, cancel)
+				}
+				l, err := p.Acquire(ctx, key, opts)
+				switch {
+				case err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, tenace.ErrNoReply):
+					cancel()
+					errs <- fmt.Errorf("Acquire(%s, %+v): %w", key, opts, err)
+					return
+				case l == nil:
+					cancel()
+					notGranted.Add(1)
+					continue
+				}
+				grants.Add(1)
+				var bad error
+				switch {
+				case writer:
+					if n := writers.Add(1); n != 1 || readers.Load() != 0 {
+						bad = fmt.Errorf("a writer beside %d writers and %d readers", n-1, readers.Load())
+					}
+					if tok := l.(tenace.FencedLease).Token(); tok <= lastToken.Load() {
+						bad = fmt.Errorf("a writer's token %d is not above the last writer's, %d", tok, lastToken.Load())
+					} else {
+						lastToken.Store(tok)
+					}
+					time.Sleep(200 * time.Microsecond) // widens the window: an overlap is caught
+					writers.Add(-1)
+				case key == rw:
+					n := readers.Add(1)
+					if writers.Load() != 0 {
+						bad = errors.New("a reader beside a writer")
+					}
+					peak(&peakReaders, n)
+					time.Sleep(200 * time.Microsecond)
+					readers.Add(-1)
+				default:
+					n := holders.Add(1)
+					if n > permits {
+						bad = fmt.Errorf("%d holders of a %d-permit bulkhead", n, permits)
+					}
+					peak(&peakHolders, n)
+					time.Sleep(200 * time.Microsecond)
+					holders.Add(-1)
+				}
+				if err := l.Release(bg); err != nil && bad == nil {
+					bad = fmt.Errorf("Release: %w", err)
+				}
+				cancel()
+				if bad != nil {
+					errs <- bad
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	t.Logf("%d grants, %d not granted (timeouts, NoWait, cancels); at most %d readers and %d of %d bulkhead holders at once",
+		grants.Load(), notGranted.Load(), peakReaders.Load(), peakHolders.Load(), permits)
+	require.Positive(t, peakHolders.Load())
+	admin := newClient(t, c.Endpoints()...)
+	for _, key := range []string{rw, bulk} {
+		// A give-up past its revoke wait leaves its entry to a background
+		// revoke: within cleanupTimeout.
+		eventually(t, 10*time.Second, "the queue of "+key+" empty", func() bool { return queued(t, admin, providers[0], key) == 0 })
+	}
+	for _, p := range providers {
+		require.Equal(t, tenace.LockStats{}, p.Stats())
+	}
+}
