@@ -138,3 +138,54 @@ func TestSharedStress(t *testing.T) {
 		require.Equal(t, tenace.LockStats{}, p.Stats())
 	}
 }
+
+// TestPermitWakesOnAnyRelease: a caller waiting for one of 3 permits is
+// granted when any holder releases, the head or a later one, not only the
+// one it would wait for in a queue of one.
+func TestPermitWakesOnAnyRelease(t *testing.T) {
+	c := cluster(t)
+	p := newProvider(t, newClient(t, c.Endpoints()...))
+	watching := make(chan int64, 16)
+	p.SetBeforeWatch(func(rev int64) { watching <- rev })
+	bulk := tenace.LockAcquireOptions{Shared: true, Permits: 3}
+	for i := range 3 {
+		key := keyOf(t, fmt.Sprint(i))
+		held := []tenace.LockLease{mustAcquire(t, p, key, bulk), mustAcquire(t, p, key, bulk), mustAcquire(t, p, key, bulk)}
+		r := acquireAsync(bg, p, key, bulk)
+		select {
+		case <-watching: // the waiter read the queue and watches it
+		case <-time.After(10 * time.Second):
+			t.Fatal("the waiter did not start watching")
+		}
+		require.NoError(t, held[i].Release(bg))
+		got := waitFor(t, r, 5*time.Second, fmt.Sprintf("the waiter, after holder %d released", i))
+		require.NoError(t, got.err)
+		require.NotNil(t, got.lease, "the waiter, after holder %d released", i)
+		for j, l := range held {
+			if j != i {
+				require.NoError(t, l.Release(bg))
+			}
+		}
+		require.NoError(t, got.lease.Release(bg))
+	}
+}
+
+// TestPermitsFirstHolderWins: callers admitted beside a shared holder
+// share the head's permit count, whatever they asked for.
+func TestPermitsFirstHolderWins(t *testing.T) {
+	c := cluster(t)
+	p := newProvider(t, newClient(t, c.Endpoints()...))
+	key := keyOf(t, "k")
+	one := mustAcquire(t, p, key, tenace.LockAcquireOptions{Shared: true, Permits: 1})
+	l, err := p.Acquire(bg, key, tenace.LockAcquireOptions{Shared: true, Permits: 5, Timeout: tenace.NoWait})
+	require.NoError(t, err)
+	require.Nil(t, l, "a caller asking for 5 permits was admitted beside the holder of a 1-permit key")
+	require.NoError(t, one.Release(bg))
+
+	five := mustAcquire(t, p, key, tenace.LockAcquireOptions{Shared: true, Permits: 5})
+	l, err = p.Acquire(bg, key, tenace.LockAcquireOptions{Shared: true, Permits: 1, Timeout: tenace.NoWait})
+	require.NoError(t, err)
+	require.NotNil(t, l, "a caller asking for 1 permit was refused beside the one holder of a 5-permit key")
+	require.NoError(t, l.Release(bg))
+	require.NoError(t, five.Release(bg))
+}
