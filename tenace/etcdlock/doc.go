@@ -57,6 +57,53 @@
 // in any process: the revoke is a Raft write, and the waiter is granted on
 // seeing its effect.
 //
+// # Shared locks and permits
+//
+// The provider supports LockAcquireOptions.Shared and Permits
+// (SupportsShared is true): readers of a read/write lock (Shared, Permits
+// 0) hold a key together, a writer (Shared false) alone; a keyed bulkhead
+// (Shared, Permits N) admits at most N holders at once. Shared callers
+// queue in the same queue, by the same create revision, with the mode in
+// the entry's name — exclusive entries keep the name above, shared ones
+// are prefix + key + "/s" + the lease ID, so that the exclusive entries of
+// a queue are one etcd range — and the permit count asked for in its value
+// (exclusive entries have an empty value, as before shared locks existed,
+// so processes of an older version queue with these, and wait as writers
+// behind their readers). The rule, read in the transaction that queues and
+// on each look while waiting:
+//
+//   - an exclusive entry is granted when no entry was created before it;
+//   - a shared entry is granted when no exclusive entry was created before
+//     it and, with a count N > 0, fewer than N entries were (grants go in
+//     queue order, so those are the holders and the waiters granted before
+//     it).
+//
+// The count in force is the head's — the oldest entry's, when it is
+// shared: the first shared holder's count wins while it holds (then the
+// next oldest's), whatever later callers asked for. Give every caller of
+// a key the same Permits: with mixed counts the limit changes as the head
+// does, and a holder admitted under a larger count keeps its permit when
+// a smaller one comes into force. Permits 0 at the head admits any number.
+//
+// Fairness is FIFO in both modes: a writer waiting behind readers is not
+// overtaken by readers that come after it (their entries are younger than
+// an exclusive one), and a shared caller beyond the count waits its turn
+// and keeps those behind it waiting, as x/sync/semaphore does — letting
+// them pass would let a stream of readers starve a writer. A waiting
+// writer watches the deletion of the entry just before it, as above; a
+// shared waiter behind a writer watches the last exclusive entry before
+// it; one beyond the count watches the queue's deletions, counts those of
+// entries older than its own, and looks again once enough are gone for it
+// to be within the count (or the head went, whose count may differ): a
+// release wakes the waiters of a full bulkhead, each for one event, but a
+// read only for the one it admits. The rest is as for exclusive leases:
+// the window and keepalive, the lost signal, the TTL, NoWait, the Timeout
+// and its outage rules, Close, and the give-up that revokes the caller's
+// entry. Each grant's fencing token is its entry's create revision, so
+// shared holders have tokens of their own, all increasing; IsOwner works
+// on a shared lease as on an exclusive one. Stats counts shared leases
+// and waiters in Held and Waiting, and leaves the Shared... fields 0.
+//
 // # Leases: the window, the keepalive and the lost signal
 //
 // Every grant has an etcd lease of its own, with a TTL of one window

@@ -164,7 +164,10 @@ func (p *Provider) dir(key string) string {
 var escaper = strings.NewReplacer("%", "%25", "/", "%2F")
 
 // Acquire waits for key and returns its lease: a lease when granted; (nil,
-// nil) when etcd said the key is held and the wait ran out of opts.Timeout
+// nil) when etcd said the key is held (for a shared caller, with
+// opts.Shared: held by a writer, or with every permit taken, or with a
+// writer waiting ahead; see "Shared locks and permits" in the package doc)
+// and the wait ran out of opts.Timeout
 // (at once with NoWait); (nil, ctx's error) when ctx ends first; (nil, err)
 // when etcd fails, cannot be reached (ErrUnreachable, at once), does not
 // answer within the Timeout (an error wrapping tenace.ErrNoReply: see the
@@ -380,9 +383,11 @@ type attempt struct {
 }
 
 // peekNow sends, beside the lease grant, a serializable read of the key's
-// queue head on a.first (answered by the member from its own state: no
-// Raft round, no disk sync). Its answer is etcd's word that the key is
-// held (by the entry at the head, if it is not the caller's) when the
+// queue on a.first (answered by the member from its own state: no Raft
+// round, no disk sync): its head, and for a shared caller what admits it
+// (see view). Its answer is etcd's word that the key is held (by the
+// entry at the head, if it is not the caller's; for a shared caller, by
+// entries that would not admit it) when the
 // lease grant and the queueing — two Raft writes, each with a disk sync,
 // slow on a loaded machine — come too late to say it within a short
 // Timeout. It returns what ends it: called after a.first has ended, it
@@ -397,8 +402,8 @@ func (a *attempt) peekNow() func() {
 	return func() { <-a.peekDone }
 }
 
-// peek reads the head of the queue in dir with a serializable read on ctx,
-// and records it.
+// peek reads the caller's view of the queue in dir with serializable reads
+// on ctx, and records it.
 func (a *attempt) peek(ctx context.Context, dir string) {
 	resp, err := a.p.client.Txn(ctx).Then(a.viewOps(dir, 0, true)...).Commit()
 	if err == nil {
@@ -415,8 +420,9 @@ func (a *attempt) peek(ctx context.Context, dir string) {
 // stretched by the starvation).
 const starvedBy = 25 * time.Millisecond
 
-// peekedHeld reports whether the peek found another entry at the head of
-// the queue. Called once the Timeout has passed: it waits for the peek,
+// peekedHeld reports whether the peek found entries other than the
+// caller's that do not admit it (another at the head, for an exclusive
+// caller). Called once the Timeout has passed: it waits for the peek,
 // which ends by a.first's deadline, lateReply past the Timeout.
 func (a *attempt) peekedHeld() bool {
 	if a.peekDone == nil {
