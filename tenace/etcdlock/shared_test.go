@@ -189,3 +189,26 @@ func TestPermitsFirstHolderWins(t *testing.T) {
 	require.NoError(t, l.Release(bg))
 	require.NoError(t, five.Release(bg))
 }
+
+// mode is how the fault tests take their keys: exclusive, or shared with
+// one permit (so that a second shared caller waits, behind a permit).
+type mode struct {
+	name    string
+	shared  bool
+	permits int
+}
+
+var modes = []mode{{"exclusive", false, 0}, {"shared-1-permit", true, 1}}
+
+// with is opts in mode m.
+func (m mode) with(opts tenace.LockAcquireOptions) tenace.LockAcquireOptions {
+	opts.Shared, opts.Permits = m.shared, m.permits
+	return opts
+}
+
+// forModes runs test in each mode, as subtests.
+func forModes(t *testing.T, test func(*testing.T, mode)) {
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) { test(t, m) })
+	}
+}
