@@ -18,7 +18,8 @@
 // another's). Acquire grants an etcd lease of its own (the window), then,
 // in one transaction, puts its queue entry — prefix + key + "/" + the lease
 // ID — attached to that lease, and reads the entry with the lowest create
-// revision: if that is its own, the lock is granted. Otherwise it waits as
+// revision: if that is its own, the lock is granted (a shared caller reads
+// more: see "Shared locks and permits"). Otherwise it waits as
 // concurrency.Mutex does: it reads its predecessor, the entry created last
 // before its own, and watches only that entry's deletion (a release wakes
 // one waiter, not every waiter: no herd), then looks again, until no entry
@@ -42,9 +43,9 @@
 //   - Creation is not the order of the Acquire calls: the lease grant comes
 //     first, and two calls made at nearly the same moment create their
 //     entries in either order.
-//   - NoWait never queues: a try whose entry is not the oldest deletes it
-//     (revokes its lease) and returns (nil, nil), as concurrency.Mutex's
-//     TryLock does.
+//   - NoWait never queues: a try whose entry is not the oldest (for a
+//     shared caller: is not admitted at once) deletes it (revokes its
+//     lease) and returns (nil, nil), as concurrency.Mutex's TryLock does.
 //   - A waiter that gives up — its Timeout, ctx or the provider's Close —
 //     revokes its lease before Acquire returns (when etcd answers: within
 //     10ms past a Timeout, 1s otherwise; then in the background), so that the
@@ -95,8 +96,11 @@
 // it; one beyond the count watches the queue's deletions, counts those of
 // entries older than its own, and looks again once enough are gone for it
 // to be within the count (or the head went, whose count may differ): a
-// release wakes the waiters of a full bulkhead, each for one event, but a
-// read only for the one it admits. The rest is as for exclusive leases:
+// release sends one watch event to each waiter of a full bulkhead, but
+// only a waiter it may admit reads the queue again. A shared caller's look reads the keys
+// of every entry before its own (etcd counts a range before it filters it
+// by create revision, so a count alone would not do): a cost that grows
+// with the queue, small for the queues a bulkhead keeps. The rest is as for exclusive leases:
 // the window and keepalive, the lost signal, the TTL, NoWait, the Timeout
 // and its outage rules, Close, and the give-up that revokes the caller's
 // entry. Each grant's fencing token is its entry's create revision, so
