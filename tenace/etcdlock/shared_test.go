@@ -36,10 +36,6 @@ func TestSharedStress(t *testing.T) {
 		grants, notGranted        atomic.Int64
 		peakReaders, peakHolders  atomic.Int64
 	)
-	peak := func(p *atomic.Int64, v int64) {
-		for old := p.Load(); v > old && !p.CompareAndSwap(old, v); old = p.Load() {
-		}
-	}
 	end := time.Now().Add(3 * time.Second)
 	errs := make(chan error, workers)
 	var wg sync.WaitGroup
@@ -97,7 +93,7 @@ func TestSharedStress(t *testing.T) {
 					if writers.Load() != 0 {
 						bad = errors.New("a reader beside a writer")
 					}
-					peak(&peakReaders, n)
+					peakOf(&peakReaders, n)
 					time.Sleep(200 * time.Microsecond)
 					readers.Add(-1)
 				default:
@@ -105,7 +101,7 @@ func TestSharedStress(t *testing.T) {
 					if n > permits {
 						bad = fmt.Errorf("%d holders of a %d-permit bulkhead", n, permits)
 					}
-					peak(&peakHolders, n)
+					peakOf(&peakHolders, n)
 					time.Sleep(200 * time.Microsecond)
 					holders.Add(-1)
 				}
@@ -211,4 +207,95 @@ func forModes(t *testing.T, test func(*testing.T, mode)) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) { test(t, m) })
 	}
+}
+
+// TestNoWaitBulkheadNeverOverAdmits: NoWait callers of a one-permit
+// bulkhead, from 8 goroutines over two provider values: never two holders
+// at once (a try counts the entries before its own in the transaction
+// that puts it, and one that is not admitted deletes its entry).
+func TestNoWaitBulkheadNeverOverAdmits(t *testing.T) {
+	c := cluster(t)
+	ps := []*etcdlock.Provider{newProvider(t, newClient(t, c.Endpoints()...)), newProvider(t, newClient(t, c.Endpoints()...))}
+	key := keyOf(t, "k")
+	opts := tenace.LockAcquireOptions{Shared: true, Permits: 1, Timeout: tenace.NoWait}
+	var in, most, grants atomic.Int64
+	end := time.Now().Add(2 * time.Second)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				l, err := ps[g%2].Acquire(bg, key, opts)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if l == nil {
+					continue
+				}
+				grants.Add(1)
+				peakOf(&most, in.Add(1))
+				time.Sleep(time.Millisecond) // hold it a moment: an overlap is caught
+				in.Add(-1)
+				if err := l.Release(bg); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d grants, at most %d holders at once", grants.Load(), most.Load())
+	require.Positive(t, grants.Load())
+	require.LessOrEqual(t, most.Load(), int64(1), "more holders than permits")
+}
+
+// peakOf raises p to v if v is higher.
+func peakOf(p *atomic.Int64, v int64) {
+	for old := p.Load(); v > old && !p.CompareAndSwap(old, v); old = p.Load() {
+	}
+}
+
+// TestSharedBehindAWriterTimesOutQuietly: a shared caller that etcd said
+// waits — behind a writer that holds the key, or behind the holder of a
+// full bulkhead — returns (nil, nil) at its Timeout, short or not, never
+// an error wrapping ErrNoReply: etcd answered.
+func TestSharedBehindAWriterTimesOutQuietly(t *testing.T) {
+	c := cluster(t)
+	p := newProvider(t, newClient(t, c.Endpoints()...))
+	bulk := tenace.LockAcquireOptions{Shared: true, Permits: 1}
+	for _, holder := range []tenace.LockAcquireOptions{{}, bulk} {
+		key := keyOf(t, fmt.Sprint(holder.Shared))
+		held := mustAcquire(t, p, key, holder)
+		for _, timeout := range []time.Duration{100 * time.Millisecond, 300 * time.Millisecond} {
+			for _, opts := range []tenace.LockAcquireOptions{bulk, {Shared: true}} {
+				opts.Timeout = timeout
+				l, err := p.Acquire(bg, key, opts)
+				require.NoError(t, err, "holder %+v, caller %+v", holder, opts)
+				require.Nil(t, l, "holder %+v, caller %+v", holder, opts)
+			}
+		}
+		require.NoError(t, held.Release(bg))
+	}
+}
+
+// TestReaderWokenWhenTheWriterAheadGivesUp: a reader queued behind a
+// waiting writer (itself behind a reader that holds the key) is granted
+// once the writer's Timeout ends, beside the reader that still holds.
+func TestReaderWokenWhenTheWriterAheadGivesUp(t *testing.T) {
+	c := cluster(t)
+	p := newProvider(t, newClient(t, c.Endpoints()...))
+	key := keyOf(t, "k")
+	reader := mustAcquire(t, p, key, tenace.LockAcquireOptions{Shared: true})
+	w := acquireAsync(bg, p, key, tenace.LockAcquireOptions{Timeout: 500 * time.Millisecond})
+	eventually(t, 10*time.Second, "the writer queued", func() bool { return p.Stats().Waiting == 1 })
+	r := acquireAsync(bg, p, key, tenace.LockAcquireOptions{Shared: true})
+	eventually(t, 10*time.Second, "the second reader queued", func() bool { return p.Stats().Waiting == 2 })
+	got := waitFor(t, w, 10*time.Second, "the writer")
+	require.NoError(t, got.err)
+	require.Nil(t, got.lease, "the writer was granted beside a reader")
+	got = waitFor(t, r, 5*time.Second, "the second reader, once the writer ahead gave up")
+	require.NoError(t, got.err)
+	require.NotNil(t, got.lease)
+	require.NoError(t, got.lease.Release(bg))
+	require.NoError(t, reader.Release(bg))
 }
