@@ -139,6 +139,26 @@ func newCluster(n int, dir string) (*Cluster, error) {
 	if err != nil {
 		return nil, ErrNotInstalled
 	}
+	// A port free a moment ago may be taken by another process before the
+	// member binds it (tests of other packages start servers at the same
+	// time): the member exits at start, and the cluster is started again
+	// on new ports, a few times.
+	for try := 1; ; try++ {
+		c, err := tryCluster(bin, n, dir)
+		if err == nil || c == nil || try == startTries || !strings.Contains(err.Error(), "address already in use") {
+			return c, err
+		}
+		c.Stop()
+		for _, m := range c.Members {
+			_ = os.RemoveAll(m.dir)
+		}
+	}
+}
+
+// startTries bounds the starts of a new cluster whose ports were taken.
+const startTries = 3
+
+func tryCluster(bin string, n int, dir string) (*Cluster, error) {
 	c := &Cluster{bin: bin, token: fmt.Sprintf("tenace-%d", time.Now().UnixNano())}
 	for i := range n {
 		cp, err1 := serverproc.FreePort()

@@ -18,7 +18,8 @@
 // another's). Acquire grants an etcd lease of its own (the window), then,
 // in one transaction, puts its queue entry — prefix + key + "/" + the lease
 // ID — attached to that lease, and reads the entry with the lowest create
-// revision: if that is its own, the lock is granted. Otherwise it waits as
+// revision: if that is its own, the lock is granted (a shared caller reads
+// more: see "Shared locks and permits"). Otherwise it waits as
 // concurrency.Mutex does: it reads its predecessor, the entry created last
 // before its own, and watches only that entry's deletion (a release wakes
 // one waiter, not every waiter: no herd), then looks again, until no entry
@@ -42,9 +43,9 @@
 //   - Creation is not the order of the Acquire calls: the lease grant comes
 //     first, and two calls made at nearly the same moment create their
 //     entries in either order.
-//   - NoWait never queues: a try whose entry is not the oldest deletes it
-//     (revokes its lease) and returns (nil, nil), as concurrency.Mutex's
-//     TryLock does.
+//   - NoWait never queues: a try whose entry is not the oldest (for a
+//     shared caller: is not admitted at once) deletes it (revokes its
+//     lease) and returns (nil, nil), as concurrency.Mutex's TryLock does.
 //   - A waiter that gives up — its Timeout, ctx or the provider's Close —
 //     revokes its lease before Acquire returns (when etcd answers: within
 //     10ms past a Timeout, 1s otherwise; then in the background), so that the
@@ -56,6 +57,56 @@
 // applies as written. Release synchronizes before the Acquire it unblocks,
 // in any process: the revoke is a Raft write, and the waiter is granted on
 // seeing its effect.
+//
+// # Shared locks and permits
+//
+// The provider supports LockAcquireOptions.Shared and Permits
+// (SupportsShared is true): readers of a read/write lock (Shared, Permits
+// 0) hold a key together, a writer (Shared false) alone; a keyed bulkhead
+// (Shared, Permits N) admits at most N holders at once. Shared callers
+// queue in the same queue, by the same create revision, with the mode in
+// the entry's name — exclusive entries keep the name above, shared ones
+// are prefix + key + "/s" + the lease ID, so that the exclusive entries of
+// a queue are one etcd range — and the permit count asked for in its value
+// (exclusive entries have an empty value, as before shared locks existed,
+// so processes of an older version queue with these, and wait as writers
+// behind their readers). The rule, read in the transaction that queues and
+// on each look while waiting:
+//
+//   - an exclusive entry is granted when no entry was created before it;
+//   - a shared entry is granted when no exclusive entry was created before
+//     it and, with a count N > 0, fewer than N entries were (grants go in
+//     queue order, so those are the holders and the waiters granted before
+//     it).
+//
+// The count in force is the head's — the oldest entry's, when it is
+// shared: the first shared holder's count wins while it holds (then the
+// next oldest's), whatever later callers asked for. Give every caller of
+// a key the same Permits: with mixed counts the limit changes as the head
+// does, and a holder admitted under a larger count keeps its permit when
+// a smaller one comes into force. Permits 0 at the head admits any number.
+//
+// Fairness is FIFO in both modes: a writer waiting behind readers is not
+// overtaken by readers that come after it (their entries are younger than
+// an exclusive one), and a shared caller beyond the count waits its turn
+// and keeps those behind it waiting, as x/sync/semaphore does — letting
+// them pass would let a stream of readers starve a writer. A waiting
+// writer watches the deletion of the entry just before it, as above; a
+// shared waiter behind a writer watches the last exclusive entry before
+// it; one beyond the count watches the queue's deletions, counts those of
+// entries older than its own, and looks again once enough are gone for it
+// to be within the count (or the head went, whose count may differ): a
+// release sends one watch event to each waiter of a full bulkhead, but
+// only a waiter it may admit reads the queue again. A shared caller's look reads the keys
+// of every entry before its own (etcd counts a range before it filters it
+// by create revision, so a count alone would not do): a cost that grows
+// with the queue, small for the queues a bulkhead keeps. The rest is as for exclusive leases:
+// the window and keepalive, the lost signal, the TTL, NoWait, the Timeout
+// and its outage rules, Close, and the give-up that revokes the caller's
+// entry. Each grant's fencing token is its entry's create revision, so
+// shared holders have tokens of their own, all increasing; IsOwner works
+// on a shared lease as on an exclusive one. Stats counts shared leases
+// and waiters in Held and Waiting, and leaves the Shared... fields 0.
 //
 // # Leases: the window, the keepalive and the lost signal
 //

@@ -110,3 +110,72 @@ func ExampleProvider_Acquire() {
 	// lost: true
 	// release: true
 }
+
+// A read/write lock across processes: readers of a tenant's configuration
+// (Shared) run together, a writer (Shared false, the default) alone, and a
+// waiting writer is not overtaken by readers that come after it.
+func Example_readWrite() {
+	ctx := context.Background()
+	client, err := clientv3.New(clientv3.Config{Endpoints: exampleEndpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer client.Close()
+	locks := etcdlock.New(client)
+	defer locks.Close()
+
+	read := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: locks, Key: "example/tenant-42/config", Shared: true, Timeout: 5 * time.Second})
+	err = read.Execute(ctx, func(ctx context.Context) error {
+		// A second reader is admitted beside this one; a writer is not.
+		other, _ := locks.Acquire(ctx, "example/tenant-42/config", tenace.LockAcquireOptions{Shared: true, Timeout: tenace.NoWait})
+		fmt.Println("another reader beside:", other != nil)
+		writer, _ := locks.Acquire(ctx, "example/tenant-42/config", tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+		fmt.Println("a writer beside:", writer != nil)
+		if other != nil {
+			return other.Release(ctx)
+		}
+		return nil
+	})
+	fmt.Println("done:", err)
+	// Output:
+	// another reader beside: true
+	// a writer beside: false
+	// done: <nil>
+}
+
+// A keyed bulkhead: at most 2 exports run at once per customer, across
+// every process, first come, first served. Every caller of the key sets
+// the same Permits.
+func Example_bulkhead() {
+	ctx := context.Background()
+	client, err := clientv3.New(clientv3.Config{Endpoints: exampleEndpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer client.Close()
+	locks := etcdlock.New(client)
+	defer locks.Close()
+
+	exports := tenace.LockAcquireOptions{Shared: true, Permits: 2, Timeout: tenace.NoWait}
+	var held []tenace.LockLease
+	for i := range 3 {
+		l, err := locks.Acquire(ctx, "example/customer-7/exports", exports)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Printf("export %d admitted: %v\n", i+1, l != nil)
+		if l != nil {
+			held = append(held, l)
+		}
+	}
+	for _, l := range held {
+		_ = l.Release(ctx)
+	}
+	// Output:
+	// export 1 admitted: true
+	// export 2 admitted: true
+	// export 3 admitted: false
+}

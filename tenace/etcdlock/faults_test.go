@@ -304,7 +304,9 @@ func TestClusterDownPastTheWindow(t *testing.T) {
 // from (a test hook compacts between the read of its predecessor and its
 // watch), and again while they watch. The waiters look again instead of
 // failing, and are granted in their order.
-func TestCompactionWhileWaiting(t *testing.T) {
+func TestCompactionWhileWaiting(t *testing.T) { forModes(t, testCompactionWhileWaiting) }
+
+func testCompactionWhileWaiting(t *testing.T, m mode) {
 	c := cluster(t)
 	admin := newClient(t, c.Endpoints()...)
 	p := newProvider(t, newClient(t, c.Endpoints()...))
@@ -335,13 +337,13 @@ func TestCompactionWhileWaiting(t *testing.T) {
 		}
 	})
 	var r referee
-	held := mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	held := mustAcquire(t, p, key, m.with(tenace.LockAcquireOptions{}))
 	r.enter(held)
 	order := make(chan int, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			l, err := p.Acquire(bg, key, tenace.LockAcquireOptions{})
+			l, err := p.Acquire(bg, key, m.with(tenace.LockAcquireOptions{}))
 			if err != nil || l == nil {
 				t.Errorf("waiter %d: (%v, %v)", i, l, err)
 				order <- -1
@@ -372,23 +374,25 @@ func TestCompactionWhileWaiting(t *testing.T) {
 // tenace.ErrNoReply by its Timeout + 50ms, not (nil, nil); a waiter already
 // watching its predecessor (etcd answered it: the key is held, and it has
 // no request unanswered) returns (nil, nil) by its Timeout + 50ms.
-func TestStalledMemberTimeoutBound(t *testing.T) {
+func TestStalledMemberTimeoutBound(t *testing.T) { forModes(t, testStalledMemberTimeoutBound) }
+
+func testStalledMemberTimeoutBound(t *testing.T, m mode) {
 	c := cluster(t)
 	p := newProvider(t, newClient(t, c.Endpoints()...))
 	watching := make(chan struct{}, 1)
 	p.SetBeforeWatch(func(int64) { watching <- struct{}{} })
 	key := keyOf(t, "k")
-	held := mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	held := mustAcquire(t, p, key, m.with(tenace.LockAcquireOptions{}))
 	const timeout = 800 * time.Millisecond
 	start := time.Now()
-	ch := acquireAsync(bg, p, key, tenace.LockAcquireOptions{Timeout: timeout})
+	ch := acquireAsync(bg, p, key, m.with(tenace.LockAcquireOptions{Timeout: timeout}))
 	// The waiter has read its predecessor (etcd answered: the key is held)
 	// and watches it: no request of it is left unanswered.
 	<-watching
 	c.Members[0].Pause()
 	t.Cleanup(c.Members[0].Resume)
 	stalled := time.Now()
-	l, err := p.Acquire(bg, keyOf(t, "other"), tenace.LockAcquireOptions{Timeout: timeout})
+	l, err := p.Acquire(bg, keyOf(t, "other"), m.with(tenace.LockAcquireOptions{Timeout: timeout}))
 	d := time.Since(stalled)
 	require.Nil(t, l)
 	require.ErrorIs(t, err, tenace.ErrNoReply)
@@ -403,7 +407,7 @@ func TestStalledMemberTimeoutBound(t *testing.T) {
 
 	c.Members[0].Resume()
 	require.NoError(t, held.Release(bg))
-	l = mustAcquire(t, p, key, tenace.LockAcquireOptions{Timeout: 10 * time.Second})
+	l = mustAcquire(t, p, key, m.with(tenace.LockAcquireOptions{Timeout: 10 * time.Second}))
 	require.NoError(t, l.Release(bg))
 }
 
@@ -411,11 +415,15 @@ func TestStalledMemberTimeoutBound(t *testing.T) {
 // without a Timeout fails at once (it does not wait for ctx), and one with
 // a Timeout fails too, within it, however short: never (nil, nil).
 func TestUnreachableClusterIsAnErrorAtOnce(t *testing.T) {
+	forModes(t, testUnreachableClusterIsAnErrorAtOnce)
+}
+
+func testUnreachableClusterIsAnErrorAtOnce(t *testing.T, m mode) {
 	c := cluster(t)
 	cl := newClient(t, c.Endpoints()...)
 	p := newProvider(t, cl)
 	key := keyOf(t, "k")
-	l := mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	l := mustAcquire(t, p, key, m.with(tenace.LockAcquireOptions{}))
 	require.NoError(t, l.Release(bg))
 	c.Stop()
 	// A request sent before the client has seen its connection close
@@ -425,6 +433,7 @@ func TestUnreachableClusterIsAnErrorAtOnce(t *testing.T) {
 		return cl.ActiveConnection().GetState() != connectivity.Ready
 	})
 	for _, opts := range []tenace.LockAcquireOptions{{}, {Timeout: 2 * time.Second}, {Timeout: tenace.NoWait}, {Timeout: 100 * time.Millisecond}, {Timeout: 240 * time.Millisecond}} {
+		opts = m.with(opts)
 		ctx, cancel := context.WithTimeout(bg, 20*time.Second)
 		start := time.Now()
 		l, err := p.Acquire(ctx, key, opts)
@@ -511,15 +520,19 @@ func TestKeysDoNotNest(t *testing.T) {
 // etcd say that the key is held: it returns an error wrapping
 // tenace.ErrNoReply within its Timeout + 50ms, never (nil, nil).
 func TestStalledMemberShortTimeoutIsNoReply(t *testing.T) {
+	forModes(t, testStalledMemberShortTimeoutIsNoReply)
+}
+
+func testStalledMemberShortTimeoutIsNoReply(t *testing.T, m mode) {
 	c := cluster(t)
 	p := newProvider(t, newClient(t, c.Endpoints()...))
-	l := mustAcquire(t, p, keyOf(t, "warm"), tenace.LockAcquireOptions{})
+	l := mustAcquire(t, p, keyOf(t, "warm"), m.with(tenace.LockAcquireOptions{}))
 	require.NoError(t, l.Release(bg))
 	c.Members[0].Pause()
 	t.Cleanup(c.Members[0].Resume)
 	for _, timeout := range []time.Duration{100 * time.Millisecond, 240 * time.Millisecond} {
 		start := time.Now()
-		l, err := p.Acquire(bg, keyOf(t, "free"), tenace.LockAcquireOptions{Timeout: timeout})
+		l, err := p.Acquire(bg, keyOf(t, "free"), m.with(tenace.LockAcquireOptions{Timeout: timeout}))
 		d := time.Since(start)
 		require.Nil(t, l)
 		require.ErrorIs(t, err, tenace.ErrNoReply, "Timeout %v: (nil, nil) from a stalled member", timeout)
@@ -536,11 +549,13 @@ func TestStalledMemberShortTimeoutIsNoReply(t *testing.T) {
 // member starved of CPU past the Timeout), never another error (a bare
 // deadline, as a request cut short before the Timeout's timer ran once
 // gave), never a lease.
-func TestAHeldKeyIsStillHeldUnderLoad(t *testing.T) {
+func TestAHeldKeyIsStillHeldUnderLoad(t *testing.T) { forModes(t, testAHeldKeyIsStillHeldUnderLoad) }
+
+func testAHeldKeyIsStillHeldUnderLoad(t *testing.T, m mode) {
 	c := cluster(t)
 	p := newProvider(t, newClient(t, c.Endpoints()...))
 	key := keyOf(t, "k")
-	held := mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	held := mustAcquire(t, p, key, m.with(tenace.LockAcquireOptions{}))
 	defer func() { require.NoError(t, held.Release(bg)) }()
 	var stop atomic.Bool
 	var burners sync.WaitGroup
@@ -559,7 +574,7 @@ func TestAHeldKeyIsStillHeldUnderLoad(t *testing.T) {
 	noReply := 0
 	for i := range n {
 		timeout := []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}[i%2]
-		l, err := p.Acquire(bg, key, tenace.LockAcquireOptions{Timeout: timeout})
+		l, err := p.Acquire(bg, key, m.with(tenace.LockAcquireOptions{Timeout: timeout}))
 		require.Nil(t, l)
 		if err != nil {
 			require.ErrorIs(t, err, tenace.ErrNoReply)

@@ -27,6 +27,8 @@ func TestConformance(t *testing.T) {
 		TTL:        true,
 		Close:      true,
 		Shared:     true,
+		ReadWrite:  true,
+		Permits:    true,
 		Lose: func(t *testing.T, l tenace.LockLease) {
 			_, err := admin.Revoke(bg, etcdlock.LeaseID(l))
 			require.NoError(t, err)

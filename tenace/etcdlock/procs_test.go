@@ -24,7 +24,7 @@ import (
 // holds the etcd endpoints (comma-separated); the others say what to do.
 const (
 	helperEnv   = "ETCDLOCK_TEST_HELPER_ENDPOINTS"
-	helperMode  = "ETCDLOCK_TEST_HELPER_MODE" // "count", "order" or "hold"
+	helperMode  = "ETCDLOCK_TEST_HELPER_MODE" // "count", "order", "hold" or "hold-shared"
 	helperKey   = "ETCDLOCK_TEST_HELPER_KEY"
 	helperFile  = "ETCDLOCK_TEST_HELPER_FILE"
 	helperIndex = "ETCDLOCK_TEST_HELPER_INDEX"
@@ -33,7 +33,8 @@ const (
 )
 
 // helperProcess is main of a helper: "hold" takes the lock, prints "held"
-// and its token, and holds it until killed; "count" increments the number
+// and its token, and holds it until killed ("hold-shared": shared, with
+// one permit); "count" increments the number
 // in the file helperRounds times under the lock, by read and rewrite (a
 // lost update shows if two processes ever hold it at once); "order" takes
 // the lock once and appends its index to the file.
@@ -48,8 +49,12 @@ func helperProcess(endpoints string) int {
 	p := etcdlock.New(c, etcdlock.WithWindow(testWindow))
 	defer p.Close()
 	key, file := os.Getenv(helperKey), os.Getenv(helperFile)
-	if os.Getenv(helperMode) == "hold" {
-		l, err := p.Acquire(ctx, key, tenace.LockAcquireOptions{})
+	if mode := os.Getenv(helperMode); mode == "hold" || mode == "hold-shared" {
+		var opts tenace.LockAcquireOptions
+		if mode == "hold-shared" {
+			opts = tenace.LockAcquireOptions{Shared: true, Permits: 1}
+		}
+		l, err := p.Acquire(ctx, key, opts)
 		if err != nil || l == nil {
 			fmt.Fprintln(os.Stderr, "helper: acquire:", l, err)
 			return 1
@@ -152,12 +157,19 @@ func TestFIFOAcrossProcesses(t *testing.T) {
 // TestKilledHolderFreesTheKey: a holder process killed with SIGKILL leaves
 // its key to its etcd lease, which etcd expires within one window: the
 // waiter is granted within it (plus the server's expiry checks), with a
-// higher token.
-func TestKilledHolderFreesTheKey(t *testing.T) {
+// higher token. In the shared mode, the killed holder's one permit comes
+// back.
+func TestKilledHolderFreesTheKey(t *testing.T) { forModes(t, testKilledHolderFreesTheKey) }
+
+func testKilledHolderFreesTheKey(t *testing.T, m mode) {
 	c := cluster(t)
 	p := newProvider(t, newClient(t, c.Endpoints()...))
 	key := keyOf(t, "k")
-	cmd := helper(t, c.Endpoints(), "hold", key, "", 0)
+	hold := "hold"
+	if m.shared {
+		hold = "hold-shared"
+	}
+	cmd := helper(t, c.Endpoints(), hold, key, "", 0)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
@@ -168,7 +180,7 @@ func TestKilledHolderFreesTheKey(t *testing.T) {
 	_, err = fmt.Sscanf(line, "held %d", &token)
 	require.NoError(t, err, "helper said %q", line)
 
-	ch := acquireAsync(bg, p, key, tenace.LockAcquireOptions{})
+	ch := acquireAsync(bg, p, key, m.with(tenace.LockAcquireOptions{}))
 	eventually(t, 10*time.Second, "waiter counted", func() bool { return p.Stats().Waiting == 1 })
 	killed := time.Now()
 	require.NoError(t, cmd.Process.Kill())

@@ -69,6 +69,8 @@ type Provider struct {
 var (
 	_ tenace.LockProvider  = (*Provider)(nil)
 	_ tenace.StatsProvider = (*Provider)(nil)
+
+	_ tenace.SharedLockProvider = (*Provider)(nil)
 )
 
 // Option configures New.
@@ -162,7 +164,10 @@ func (p *Provider) dir(key string) string {
 var escaper = strings.NewReplacer("%", "%25", "/", "%2F")
 
 // Acquire waits for key and returns its lease: a lease when granted; (nil,
-// nil) when etcd said the key is held and the wait ran out of opts.Timeout
+// nil) when etcd said the key is held (for a shared caller, with
+// opts.Shared: held by a writer, or with every permit taken, or with a
+// writer waiting ahead; see "Shared locks and permits" in the package doc)
+// and the wait ran out of opts.Timeout
 // (at once with NoWait); (nil, ctx's error) when ctx ends first; (nil, err)
 // when etcd fails, cannot be reached (ErrUnreachable, at once), does not
 // answer within the Timeout (an error wrapping tenace.ErrNoReply: see the
@@ -182,9 +187,6 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	}
 	if err := tenace.ValidateAcquire(key, opts); err != nil {
 		return nil, err
-	}
-	if opts.Shared {
-		return nil, fmt.Errorf("%w: LockAcquireOptions.Shared: etcdlock does not support shared locks or permits yet; take the key exclusive, or use a tenace.MemoryLockProvider", tenace.ErrInvalidOption)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -377,13 +379,15 @@ type attempt struct {
 	// The peek: a read of the queue's head beside the lease grant, for a
 	// Timeout under noreply.Grace (see peekNow).
 	peekDone chan struct{} // closed once the peek has ended; nil: no peek
-	peekHead atomic.Pointer[string]
+	peeked   atomic.Pointer[view]
 }
 
 // peekNow sends, beside the lease grant, a serializable read of the key's
-// queue head on a.first (answered by the member from its own state: no
-// Raft round, no disk sync). Its answer is etcd's word that the key is
-// held (by the entry at the head, if it is not the caller's) when the
+// queue on a.first (answered by the member from its own state: no Raft
+// round, no disk sync): its head, and for a shared caller what admits it
+// (see view). Its answer is etcd's word that the key is held (by the
+// entry at the head, if it is not the caller's; for a shared caller, by
+// entries that would not admit it) when the
 // lease grant and the queueing — two Raft writes, each with a disk sync,
 // slow on a loaded machine — come too late to say it within a short
 // Timeout. It returns what ends it: called after a.first has ended, it
@@ -398,13 +402,13 @@ func (a *attempt) peekNow() func() {
 	return func() { <-a.peekDone }
 }
 
-// peek reads the head of the queue in dir with a serializable read on ctx,
-// and records it.
+// peek reads the caller's view of the queue in dir with serializable reads
+// on ctx, and records it.
 func (a *attempt) peek(ctx context.Context, dir string) {
-	resp, err := a.p.client.Get(ctx, dir, append(clientv3.WithFirstCreate(), clientv3.WithSerializable())...)
-	if err == nil && len(resp.Kvs) > 0 {
-		head := string(resp.Kvs[0].Key)
-		a.peekHead.Store(&head)
+	resp, err := a.p.client.Txn(ctx).Then(a.viewOps(dir, 0, true)...).Commit()
+	if err == nil {
+		v := a.view(resp.Responses)
+		a.peeked.Store(&v)
 	}
 }
 
@@ -416,23 +420,31 @@ func (a *attempt) peek(ctx context.Context, dir string) {
 // stretched by the starvation).
 const starvedBy = 25 * time.Millisecond
 
-// peekedHeld reports whether the peek found another entry at the head of
-// the queue. Called once the Timeout has passed: it waits for the peek,
+// peekedHeld reports whether the peek found entries other than the
+// caller's that do not admit it (another at the head, for an exclusive
+// caller). Called once the Timeout has passed: it waits for the peek,
 // which ends by a.first's deadline, lateReply past the Timeout.
 func (a *attempt) peekedHeld() bool {
 	if a.peekDone == nil {
 		return false
 	}
 	<-a.peekDone
-	if a.peekHead.Load() == nil {
+	if a.peeked.Load() == nil {
 		if d, ok := a.first.Deadline(); ok && time.Since(d) > starvedBy && a.ctx.Err() == nil {
 			ctx, cancel := context.WithTimeout(a.ctx, lateReply/2)
 			a.peek(ctx, a.p.dir(a.key))
 			cancel()
 		}
 	}
-	head := a.peekHead.Load()
-	return head != nil && (a.l == nil || *head != a.l.name)
+	v := a.peeked.Load()
+	if v == nil {
+		return false
+	}
+	var own clientv3.LeaseID // the caller's entry may be in the view: it is not in its own way
+	if a.l != nil {
+		own = a.l.id
+	}
+	return !v.without(own).admits(a.opts)
 }
 
 // lateReply is how long past the Timeout the lease grant and the queueing
@@ -457,23 +469,22 @@ func (a *attempt) run() (tenace.LockLease, error) {
 		return a.failed(a.wctx.Err())
 	}
 	dir := p.dir(a.key)
-	if a.l, err = p.newLease(a.key, fmt.Sprintf("%s%016x", dir, int64(g.ID)), g.ID, a.sent, time.Duration(g.TTL)*time.Second); err != nil {
+	if a.l, err = p.newLease(a.key, entryName(dir, g.ID, a.opts.Shared), g.ID, a.sent, time.Duration(g.TTL)*time.Second); err != nil {
 		return nil, err
 	}
 
-	// Join the queue and read its head in one request.
+	// Join the queue and read it in one request: everything else in it
+	// came before the caller.
 	a.sent, a.replied = time.Now(), false
-	resp, err := p.client.Txn(a.first).Then(
-		clientv3.OpPut(a.l.name, "", clientv3.WithLease(g.ID)),
-		clientv3.OpGet(dir, clientv3.WithFirstCreate()...),
-	).Commit()
+	resp, err := p.client.Txn(a.first).Then(append([]clientv3.Op{
+		clientv3.OpPut(a.l.name, entryValue(a.opts), clientv3.WithLease(g.ID)),
+	}, a.viewOps(dir, 0, false)...)...).Commit()
 	if err != nil {
 		return a.failed(fmt.Errorf("etcdlock: queueing for %s: %w", keyfmt.Quote(a.key), err))
 	}
 	a.replied = true
 	a.l.rev = resp.Header.Revision // the put's create revision: the only write of the Txn
-	head := resp.Responses[1].GetResponseRange().Kvs
-	if len(head) != 0 && head[0].CreateRevision == a.l.rev {
+	if a.view(resp.Responses[1:]).without(g.ID).admits(a.opts) {
 		// The head of the queue at once. A reply within lateReply past
 		// the Timeout still decides; a ctx that ended as the grant landed
 		// wins: the caller gave up (see the package doc).
@@ -516,10 +527,7 @@ func (a *attempt) wait(dir string) error {
 	defer stop()
 	for {
 		a.sent, a.replied = time.Now(), false
-		resp, err := p.client.Txn(rctx).Then(
-			clientv3.OpGet(l.name),
-			clientv3.OpGet(dir, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(l.rev-1))...),
-		).Commit()
+		resp, err := p.client.Txn(rctx).Then(append([]clientv3.Op{clientv3.OpGet(l.name)}, a.viewOps(dir, l.rev-1, false)...)...).Commit()
 		if err != nil {
 			switch {
 			case a.wctx.Err() != nil:
@@ -543,14 +551,14 @@ func (a *attempt) wait(dir string) error {
 		if len(resp.Responses[0].GetResponseRange().Kvs) == 0 {
 			return fmt.Errorf("etcdlock: waiting for %s: the caller's place in the queue vanished (its etcd lease expired or was revoked)", keyfmt.Quote(a.key))
 		}
-		pred := resp.Responses[1].GetResponseRange().Kvs
-		if len(pred) == 0 {
+		v := a.view(resp.Responses[1:])
+		if v.admits(a.opts) {
 			return nil
 		}
 		if p.beforeWatch != nil {
 			p.beforeWatch(resp.Header.Revision + 1)
 		}
-		if err := a.waitDelete(string(pred[0].Key), resp.Header.Revision+1); err != nil {
+		if err := a.waitFor(dir, v, resp.Header.Revision+1); err != nil {
 			return err
 		}
 	}
@@ -559,33 +567,6 @@ func (a *attempt) wait(dir string) error {
 // retryPause is how long a waiter pauses before it reads the queue again
 // after a failed read (a leader change, a member restarting).
 const retryPause = 50 * time.Millisecond
-
-// waitDelete waits for the deletion of key after rev, or for the watch to
-// end for another reason (a compaction, a member lost): either way the
-// caller looks at the queue again.
-func (a *attempt) waitDelete(key string, rev int64) error {
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(a.wctx))
-	defer cancel()
-	wch := a.p.client.Watch(wctx, key, clientv3.WithRev(rev), clientv3.WithFilterPut())
-	for {
-		select {
-		case <-a.l.Lost():
-			return fmt.Errorf("etcdlock: waiting for %s: %w", keyfmt.Quote(a.key), a.l.Err())
-		case <-a.wctx.Done():
-			return a.wctx.Err()
-		case wr, ok := <-wch:
-			if !ok || wr.Canceled || wr.Err() != nil {
-				if a.wctx.Err() != nil {
-					return a.wctx.Err()
-				}
-				return nil // look again
-			}
-			if len(wr.Events) > 0 {
-				return nil
-			}
-		}
-	}
-}
 
 // queue counts the caller as waiting (d = 1) or no longer (d = -1), once
 // its place in the queue is fixed in etcd.
