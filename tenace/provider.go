@@ -263,10 +263,13 @@ func (s *LeaseSignal) Lose(err error) bool {
 // The Shared... fields count by mode (see LockAcquireOptions.Shared): they
 // are parts of Held and Waiting, so that Held − SharedKeys keys are held
 // exclusive and Waiting − SharedWaiting callers wait to take a key
-// exclusive. A provider that does not count by mode leaves them 0: for
-// now, the distributed providers of this module. MemoryLockProvider counts
-// them exactly, and keeps SharedKeys ≤ Held and SharedWaiting ≤ Waiting at
-// every moment.
+// exclusive. A provider that does not count by mode leaves them 0.
+// MemoryLockProvider counts them exactly, and keeps SharedKeys ≤ Held and
+// SharedWaiting ≤ Waiting at every moment. The distributed providers of
+// this module, whose Held counts the leases held through the provider
+// value, count a shared lease once in SharedKeys and once in
+// SharedHolders (one key held shared, one permit in use, from this
+// process), and a shared caller waiting in this process in SharedWaiting.
 type LockStats struct {
 	// Held is the number of keys held: for a distributed provider, the
 	// leases held through this provider value.

@@ -43,6 +43,7 @@ type lease struct {
 	key    string
 	name   string // the etcd key: the queue's prefix and the lease ID
 	id     clientv3.LeaseID
+	shared bool  // a shared caller's (LockAcquireOptions.Shared)
 	rev    int64 // the etcd key's create revision: the fencing token
 	window time.Duration
 
@@ -64,8 +65,8 @@ var (
 // newLease registers the etcd lease id, granted by a request sent at sent
 // with a TTL of ttl, and starts its keeper. It fails when the provider is
 // closed (the etcd lease, with nothing attached yet, lapses on its own).
-func (p *Provider) newLease(key, name string, id clientv3.LeaseID, sent time.Time, ttl time.Duration) (*lease, error) {
-	l := &lease{p: p, key: key, name: name, id: id, window: ttl, exited: make(chan struct{})}
+func (p *Provider) newLease(key, name string, shared bool, id clientv3.LeaseID, sent time.Time, ttl time.Duration) (*lease, error) {
+	l := &lease{p: p, key: key, name: name, shared: shared, id: id, window: ttl, exited: make(chan struct{})}
 	l.kctx, l.kcancel = context.WithCancel(context.Background())
 	l.state.Store(stateWaiting)
 	p.mu.Lock()
@@ -91,6 +92,9 @@ func (p *Provider) grant(l *lease, opts tenace.LockAcquireOptions) (tenace.LockL
 	}
 	p.leases[l] = struct{}{}
 	p.held.Add(1)
+	if l.shared {
+		p.sharedHeld.Add(1)
+	}
 	p.mu.Unlock()
 	ttl := opts.TTL
 	if ttl == 0 {
@@ -119,6 +123,9 @@ func (p *Provider) forget(l *lease) {
 	delete(p.leases, l)
 	p.mu.Unlock()
 	p.held.Add(-1)
+	if l.shared {
+		p.sharedHeld.Add(-1)
+	}
 }
 
 // keep is the keeper: it sends a keepalive every renewal interval (sooner

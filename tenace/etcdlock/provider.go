@@ -51,7 +51,10 @@ type Provider struct {
 
 	held    atomic.Int64
 	waiting atomic.Int64
-	longest atomic.Int64
+	// sharedHeld and sharedWaiting: those of held and waiting that are
+	// shared (a reader's, a bulkhead's)
+	sharedHeld, sharedWaiting atomic.Int64
+	longest                   atomic.Int64
 
 	closed    context.Context // ends at Close; its cause is tenace.ErrProviderClosed
 	close     context.CancelCauseFunc
@@ -469,7 +472,7 @@ func (a *attempt) run() (tenace.LockLease, error) {
 		return a.failed(a.wctx.Err())
 	}
 	dir := p.dir(a.key)
-	if a.l, err = p.newLease(a.key, entryName(dir, g.ID, a.opts.Shared), g.ID, a.sent, time.Duration(g.TTL)*time.Second); err != nil {
+	if a.l, err = p.newLease(a.key, entryName(dir, g.ID, a.opts.Shared), a.opts.Shared, g.ID, a.sent, time.Duration(g.TTL)*time.Second); err != nil {
 		return nil, err
 	}
 
@@ -594,6 +597,9 @@ func (a *attempt) queue(d int) {
 	}
 	p.longest.Store(int64(longest))
 	p.waiting.Add(int64(d))
+	if a.opts.Shared {
+		p.sharedWaiting.Add(int64(d))
+	}
 }
 
 // failed says why the attempt ended without a grant, err being the failure
@@ -654,9 +660,14 @@ const outcomeWait = time.Second
 // Stats reports the leases held through this provider (granted, not yet
 // released nor lost), the callers waiting in this process (from the moment
 // their place in etcd's queue is fixed until they are granted or give up),
-// and the most waiting for one key. Three atomic loads.
+// and the most waiting for one key. By mode: SharedKeys and SharedHolders
+// are both the shared leases among Held (a lease is one key held shared,
+// and one permit in use, through this provider), SharedWaiting the shared
+// callers among Waiting. Five atomic loads.
 func (p *Provider) Stats() tenace.LockStats {
-	return tenace.LockStats{Held: int(p.held.Load()), Waiting: int(p.waiting.Load()), LongestQueue: int(p.longest.Load())}
+	shared := int(p.sharedHeld.Load())
+	return tenace.LockStats{Held: int(p.held.Load()), Waiting: int(p.waiting.Load()), LongestQueue: int(p.longest.Load()),
+		SharedKeys: shared, SharedHolders: shared, SharedWaiting: int(p.sharedWaiting.Load())}
 }
 
 // Close ends the provider: callers waiting in Acquire return an error

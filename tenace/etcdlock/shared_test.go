@@ -299,3 +299,36 @@ func TestReaderWokenWhenTheWriterAheadGivesUp(t *testing.T) {
 	require.NoError(t, got.lease.Release(bg))
 	require.NoError(t, reader.Release(bg))
 }
+
+// TestStatsByMode: a shared lease counts in Held and in SharedKeys and
+// SharedHolders; a shared caller queued in Waiting and SharedWaiting;
+// exclusive ones in Held and Waiting only. All back to 0 once released.
+func TestStatsByMode(t *testing.T) {
+	c := cluster(t)
+	p := newProvider(t, newClient(t, c.Endpoints()...))
+	key := func(name string) string { return keyOf(t, name) }
+	reader := tenace.LockAcquireOptions{Shared: true}
+	w := mustAcquire(t, p, key("w"), tenace.LockAcquireOptions{})
+	r := mustAcquire(t, p, key("r"), reader)
+	b := mustAcquire(t, p, key("b"), tenace.LockAcquireOptions{Shared: true, Permits: 2})
+	require.Equal(t, tenace.LockStats{Held: 3, SharedKeys: 2, SharedHolders: 2}, p.Stats())
+
+	ctx, cancel := context.WithCancel(bg)
+	sharedWaiter := acquireAsync(ctx, p, key("w"), reader)
+	eventually(t, 10*time.Second, "the shared waiter queued", func() bool { return p.Stats().SharedWaiting == 1 })
+	writerWaiter := acquireAsync(ctx, p, key("r"), tenace.LockAcquireOptions{})
+	eventually(t, 10*time.Second, "the writer queued", func() bool { return p.Stats().Waiting == 2 })
+	require.Equal(t, 1, p.Stats().SharedWaiting, "the writer is not a shared waiter")
+	cancel()
+	for _, ch := range []<-chan result{sharedWaiter, writerWaiter} {
+		got := <-ch
+		require.Nil(t, got.lease)
+		require.ErrorIs(t, got.err, context.Canceled)
+	}
+	eventually(t, 10*time.Second, "the waiters gone", func() bool { return p.Stats().Waiting == 0 })
+	require.Zero(t, p.Stats().SharedWaiting)
+	for _, l := range []tenace.LockLease{w, r, b} {
+		require.NoError(t, l.Release(bg))
+	}
+	require.Equal(t, tenace.LockStats{}, p.Stats())
+}

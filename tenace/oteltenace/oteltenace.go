@@ -511,9 +511,9 @@ func (s step) Run(ctx context.Context, x policy.Execution, next policy.Next) (er
 //	tenace.provider.shared.waiting  {caller}  callers waiting for a shared lease (part of waiting)
 //
 // The shared gauges are LockStats' SharedKeys, SharedHolders and
-// SharedWaiting: 0 for a provider that does not count by mode (the
-// distributed providers, for now); held − shared.keys keys are held
-// exclusive.
+// SharedWaiting: 0 for a provider that does not count by mode; for the
+// distributed providers of this module, the shared leases and callers of
+// this process; held − shared.keys keys (or leases) are held exclusive.
 //
 // attrs tell providers apart (attribute.String("tenace.provider", "orders"),
 // say). mp nil means otel.GetMeterProvider(). Unregister the returned

@@ -83,6 +83,9 @@ func (p *Provider) hold(l *lease, opts tenace.LockAcquireOptions) error {
 	l.pid, l.watchDone = conn.Conn().PgConn().PID(), make(chan struct{})
 	l.state.Store(leaseHeld)
 	p.held.Add(l.count())
+	if l.mode != modeExclusive {
+		p.sharedHeld.Add(1)
+	}
 	// The watcher runs before anyone can end the lease: an ender waits for
 	// it to stop.
 	go l.watch()
@@ -299,6 +302,9 @@ func (p *Provider) forget(l *lease) {
 	delete(p.leases, l)
 	p.mu.Unlock()
 	p.held.Add(-l.count())
+	if l.mode != modeExclusive {
+		p.sharedHeld.Add(-1)
+	}
 	<-p.slots
 }
 

@@ -72,7 +72,10 @@ type Provider struct {
 
 	held    atomic.Int64 // leases held through this provider
 	waiting atomic.Int64 // callers inside Acquire
-	longest atomic.Int64 // most callers inside Acquire for one key
+	// sharedHeld and sharedWaiting: those of held and waiting that are
+	// shared (a reader's, a bulkhead's)
+	sharedHeld, sharedWaiting atomic.Int64
+	longest                   atomic.Int64 // most callers inside Acquire for one key
 
 	closed  context.Context // ends when Close is called; its cause is ErrProviderClosed
 	close   context.CancelCauseFunc
@@ -141,14 +144,18 @@ func (q *queues) add(key string, d int) {
 }
 
 // queue counts a caller in (d 1) or out (d -1) of Acquire, in the queue of
-// each key it asks for: one key, or a set's.
-func (p *Provider) queue(d int, keys ...string) {
+// each key it asks for: one key, or a set's; a shared caller in
+// sharedWaiting too.
+func (p *Provider) queue(d int, shared bool, keys ...string) {
 	p.mu.Lock()
 	for _, key := range keys {
 		p.queues.add(key, d)
 	}
 	p.longest.Store(int64(p.queues.longest))
 	p.waiting.Add(int64(d))
+	if shared {
+		p.sharedWaiting.Add(int64(d))
+	}
 	p.mu.Unlock()
 }
 
@@ -158,7 +165,10 @@ func (p *Provider) queue(d int, keys ...string) {
 // set (AcquireSet) counts each of its keys in Held, and once in Waiting, in
 // the queue of each of its keys; a shared lease (a reader's, a bulkhead
 // permit's) counts as one lease in Held, as an exclusive one does, and a
-// shared caller once in Waiting. It is three atomic loads.
+// shared caller once in Waiting. By mode: SharedKeys and SharedHolders are
+// both the shared leases among Held (a lease is one key held shared, and
+// one permit in use, through this provider), SharedWaiting the shared
+// callers among Waiting. It is five atomic loads.
 //
 // A lease counts in Held from its grant until its lock is given back: a
 // Release's unlock; for a lease lost to its TTL or to Close, until the
@@ -167,7 +177,9 @@ func (p *Provider) queue(d int, keys ...string) {
 // connection pinned until then (Close returns after it); for a lease whose
 // connection ended, until that connection is closed, a moment after Lost.
 func (p *Provider) Stats() tenace.LockStats {
-	return tenace.LockStats{Held: int(p.held.Load()), Waiting: int(p.waiting.Load()), LongestQueue: int(p.longest.Load())}
+	shared := int(p.sharedHeld.Load())
+	return tenace.LockStats{Held: int(p.held.Load()), Waiting: int(p.waiting.Load()), LongestQueue: int(p.longest.Load()),
+		SharedKeys: shared, SharedHolders: shared, SharedWaiting: int(p.sharedWaiting.Load())}
 }
 
 var (

@@ -197,7 +197,7 @@ func (c *call) all() []string {
 }
 
 // queue counts c in (d 1) or out (d -1) of the queue of each of its keys.
-func (c *call) queue(d int) { c.p.queue(d, c.all()...) }
+func (c *call) queue(d int) { c.p.queue(d, c.opts.Shared, c.all()...) }
 
 // busy is keyBusy for c's keys.
 func (c *call) busy() bool { return c.p.keyBusy(c.all(), c.mode(), c.opts.Permits) }

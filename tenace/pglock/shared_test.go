@@ -416,3 +416,38 @@ func TestSharedStress(t *testing.T) {
 		require.NoError(t, l.Release(bg))
 	}
 }
+
+// Stats by mode: a shared lease counts in Held and in SharedKeys and
+// SharedHolders; a shared caller inside Acquire in Waiting and
+// SharedWaiting; exclusive ones in Held and Waiting only. All back to 0
+// once released.
+func TestStatsByMode(t *testing.T) {
+	srv := server(t)
+	p := newProvider(t, srv)
+	key := func(name string) string { return keyOf(t, name) }
+	reader := tenace.LockAcquireOptions{Shared: true}
+	bulk := tenace.LockAcquireOptions{Shared: true, Permits: 2}
+	w := mustAcquire(t, p, key("w"), tenace.LockAcquireOptions{})
+	r := mustAcquire(t, p, key("r"), reader)
+	b := mustAcquire(t, p, key("b"), bulk)
+	require.Equal(t, tenace.LockStats{Held: 3, SharedKeys: 2, SharedHolders: 2}, p.Stats())
+
+	ctx, cancel := context.WithCancel(bg)
+	sharedWaiter := acquireAsync(ctx, p, key("w"), reader)
+	writerWaiter := acquireAsync(ctx, p, key("r"), tenace.LockAcquireOptions{})
+	require.Eventually(t, func() bool { return p.Stats().Waiting == 2 }, 10*time.Second, time.Millisecond, "two callers inside Acquire")
+	s := p.Stats()
+	require.Equal(t, 1, s.SharedWaiting, "the writer is not a shared waiter")
+	require.Equal(t, 2, s.SharedHolders)
+	cancel()
+	for _, ch := range []<-chan result{sharedWaiter, writerWaiter} {
+		got := <-ch
+		require.Nil(t, got.lease)
+		require.ErrorIs(t, got.err, context.Canceled)
+	}
+	require.Zero(t, p.Stats().SharedWaiting)
+	for _, l := range []tenace.LockLease{w, r, b} {
+		require.NoError(t, l.Release(bg))
+	}
+	require.Equal(t, tenace.LockStats{}, p.Stats())
+}

@@ -174,6 +174,9 @@ func (p *Provider) newLease(a *attempt, fence uint64, sent time.Time) *lease {
 	}
 	p.leases[l] = struct{}{}
 	p.held.Add(1)
+	if l.a.shared {
+		p.sharedHeld.Add(1)
+	}
 	l.lossT = l.arm(time.Until(l.lossAt), l.expire)
 	if !l.final {
 		l.renewT = l.arm(l.nextRenewal(), l.renew)
@@ -339,6 +342,9 @@ func (l *lease) stopLocked() {
 	if _, ok := p.leases[l]; ok {
 		delete(p.leases, l)
 		p.held.Add(-1)
+		if l.a.shared {
+			p.sharedHeld.Add(-1)
+		}
 	}
 	p.mu.Unlock()
 }

@@ -77,6 +77,8 @@ type Provider struct {
 	halt context.CancelFunc
 	bg   sync.WaitGroup // renewal timers armed and renewal calls in flight
 	held atomic.Int64   // leases granted and not yet released or lost
+	// sharedHeld: those of held that are shared (a reader's, a bulkhead's)
+	sharedHeld atomic.Int64
 
 	mu      sync.Mutex // guards leases and closed; taken after a lease's mu, never before
 	leases  map[*lease]struct{}
@@ -358,11 +360,13 @@ func (p *Provider) isClosed() bool {
 // Stats reports the leases held through this provider (granted, not yet
 // released nor lost), and the callers of this provider waiting in this
 // process (past their first try, subscribed to a release channel): all of
-// them, and the most for one key. Three atomic loads.
+// them, and the most for one key. Five atomic loads.
 //
 // A shared lease (LockAcquireOptions.Shared) counts as one in Held, as an
 // exclusive one does: Held is leases, not permits; and a shared waiter as
-// one in Waiting. A lease leaves Held before its Lost closes, and when Release is called,
+// one in Waiting. By mode: SharedKeys and SharedHolders are both the shared
+// leases among Held (a lease is one key held shared, and one permit in use,
+// through this provider), SharedWaiting the shared callers among Waiting. A lease leaves Held before its Lost closes, and when Release is called,
 // before its call to the server and whatever its outcome (after a failed
 // Release the key may stay held, for one window at most); a lease granted
 // as Close ran, lost at once, never counts.
@@ -371,6 +375,11 @@ func (p *Provider) Stats() tenace.LockStats {
 		Held:         int(p.held.Load()),
 		Waiting:      int(p.subs.nWaiting.Load()),
 		LongestQueue: int(p.subs.nLongest.Load()),
+		// Held counts leases: a shared lease is a key held shared, and
+		// one permit in use, through this provider.
+		SharedKeys:    int(p.sharedHeld.Load()),
+		SharedHolders: int(p.sharedHeld.Load()),
+		SharedWaiting: int(p.subs.nShared.Load()),
 	}
 }
 

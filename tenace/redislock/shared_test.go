@@ -601,3 +601,37 @@ func TestAReleaseAdmitsEveryWaitingReader(t *testing.T) {
 		require.NoError(t, l.Release(bg))
 	}
 }
+
+// Stats by mode: a shared lease counts in Held and in SharedKeys and
+// SharedHolders; a shared waiter in Waiting and SharedWaiting; exclusive
+// ones in Held and Waiting only. All back to 0 once released.
+func TestStatsByMode(t *testing.T) {
+	_, c := setup(t)
+	p := newProvider(t, c)
+	reader := tenace.LockAcquireOptions{Shared: true}
+	w := mustAcquire(t, p, "stats/w", tenace.LockAcquireOptions{})
+	r1 := mustAcquire(t, p, "stats/r", reader)
+	r2 := mustAcquire(t, p, "stats/r", reader)
+	require.Equal(t, tenace.LockStats{Held: 3, SharedKeys: 2, SharedHolders: 2}, p.Stats())
+
+	ctx, cancel := context.WithCancel(bg)
+	sharedWaiter := acquireAsync(ctx, p, "stats/w", reader)
+	eventually(t, "a shared waiter", func() bool { return p.Stats().SharedWaiting == 1 })
+	writerWaiter := acquireAsync(ctx, p, "stats/r", tenace.LockAcquireOptions{})
+	eventually(t, "a writer waiting too", func() bool { return p.Stats().Waiting == 2 })
+	s := p.Stats()
+	require.Equal(t, 1, s.SharedWaiting, "the writer is not a shared waiter")
+	require.LessOrEqual(t, s.SharedKeys, s.Held)
+	cancel()
+	for _, r := range []<-chan result{sharedWaiter, writerWaiter} {
+		got := <-r
+		require.Nil(t, got.lease)
+		require.ErrorIs(t, got.err, context.Canceled)
+	}
+	eventually(t, "the waiters gone", func() bool { return p.Stats().Waiting == 0 })
+	require.Zero(t, p.Stats().SharedWaiting)
+	for _, l := range []tenace.LockLease{w, r1, r2} {
+		require.NoError(t, l.Release(bg))
+	}
+	require.Equal(t, tenace.LockStats{}, p.Stats())
+}

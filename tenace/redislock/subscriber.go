@@ -51,6 +51,7 @@ type subscriber struct {
 	conn     *pubsubConn              // nil while nobody waits, and once closed
 	channels map[string]*subscription // by channel
 	waiters  int
+	shared   int  // waiters for a shared lease (wait.exclusive false)
 	closed   bool // by close: no connection is opened again
 
 	// onBackoff, if set (by tests, before the first connection), is called
@@ -59,6 +60,7 @@ type subscriber struct {
 
 	// Published for Stats (written under mu, read without it).
 	nWaiting atomic.Int64 // = waiters
+	nShared  atomic.Int64 // = shared
 	nLongest atomic.Int64 // the most waiters of one channel
 }
 
@@ -208,6 +210,10 @@ func (s *subscriber) subscribe(ctx context.Context, channel string, exclusive bo
 	sub.waiters = append(sub.waiters, w)
 	s.waiters++
 	s.nWaiting.Store(int64(s.waiters))
+	if !exclusive {
+		s.shared++
+		s.nShared.Store(int64(s.shared))
+	}
 	if n := int64(len(sub.waiters)); n > s.nLongest.Load() {
 		s.nLongest.Store(n)
 	}
@@ -253,6 +259,10 @@ func (s *subscriber) unsubscribe(w *wait, acquired bool) {
 	}
 	s.waiters--
 	s.nWaiting.Store(int64(s.waiters))
+	if !w.exclusive {
+		s.shared--
+		s.nShared.Store(int64(s.shared))
+	}
 	if int64(len(sub.waiters)+1) == s.nLongest.Load() { // it may have been the longest
 		longest := 0
 		for _, other := range s.channels {
