@@ -11,10 +11,10 @@ import (
 
 // TestAReaderIsWokenWhenAWaitingWriterGivesUp: a reader held back by a
 // waiting writer's mark is granted soon after that writer gives up (another
-// reader holds the key: nothing else keeps it out). On main it sleeps until
+// reader holds the key: nothing else keeps it out). Before the fix it slept until
 // its fallback timer (half to all of the retry interval): the writer's
-// unmark is a bare ZREM, with no PUBLISH, so waiters in other processes are
-// not told.
+// unmark was a bare ZREM, with no PUBLISH, so waiters in other processes are
+// were not told.
 func TestAReaderIsWokenWhenAWaitingWriterGivesUp(t *testing.T) {
 	_, c := setup(t)
 	const retry = 8 * time.Second
