@@ -13,7 +13,7 @@ import (
 // waiting writer's mark is granted soon after that writer gives up (another
 // reader holds the key: nothing else keeps it out). Before the fix it slept until
 // its fallback timer (half to all of the retry interval): the writer's
-// unmark was a bare ZREM, with no PUBLISH, so waiters in other processes are
+// unmark was a bare ZREM, with no PUBLISH, so waiters in other processes
 // were not told.
 func TestAReaderIsWokenWhenAWaitingWriterGivesUp(t *testing.T) {
 	_, c := setup(t)
