@@ -4,7 +4,7 @@ FUZZTIME ?= 30s
 # Every module of the workspace (go.work); ./... alone covers only the core.
 # The distributed providers: tested one package at a time (see test-race).
 DISTRIBUTED := ./tenace/redislock/... ./tenace/pglock/... ./tenace/etcdlock/...
-PKGS     := ./... ./bench/... ./tenace/redislock/... ./tenace/oteltenace/... ./tenace/pglock/... ./tenace/etcdlock/... ./tenace/failsafelock/... ./scripts/releaseproxy/...
+PKGS     := ./... ./bench/... ./tenace/redislock/... ./tenace/oteltenace/... ./tenace/pglock/... ./tenace/etcdlock/... ./tenace/failsafelock/... ./scripts/releaseproxy/... ./scripts/adopter/...
 
 # The distributed providers' tests need redis-server, postgresql with pgbouncer, and
 # etcd: as root with apt-get, make test installs what is missing; otherwise it runs
@@ -37,7 +37,7 @@ test-allocs:
 test-verify:
 	$(GO) test -race -count=1 -tags tenace_verify ./tenace/ ./tenace/shard/
 
-## release-check: an adopter module outside the workspace builds and tests against the modules zipped as published
+## release-check: the adopter module (scripts/adopter), outside the workspace, builds and tests against the modules zipped as published
 release-check:
 	./scripts/release-check
 
