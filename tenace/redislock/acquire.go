@@ -28,14 +28,18 @@ import (
 // clock; the lock name's own expiry is kept at the latest of them, so that
 // it outlives every live holder, and it is deleted with the last one.
 //
-// now() is the server's TIME in ms; prune(h, now) drops the holders of
+// micros() is the server's TIME in µs and now() in ms (a script reads
+// TIME once: the fence and the expiries come from the same reading); prune(h, now) drops the holders of
 // sorted set h that expired; settle(lock, h, now) deletes lock and h once h
 // has no live holder, else sets lock's expiry to the latest holder's;
 // extend(k, px) makes k live at least px ms more.
 const sharedLua = `
-local function now()
+local function micros()
 	local t = redis.call('TIME')
-	return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+	return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local function now()
+	return math.floor(micros() / 1000)
 end
 local function prune(h, ms)
 	redis.call('ZREMRANGEBYSCORE', h, '-inf', ms)
@@ -62,9 +66,8 @@ local function extend(k, px)
 		redis.call('PEXPIRE', k, px)
 	end
 end
-local function nextFence(k)
-	local t = redis.call('TIME')
-	local fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local function nextFence(k, us)
+	local fence = us
 	local last = tonumber(redis.call('GET', k) or '0')
 	if last >= fence then
 		fence = last + 1
@@ -118,7 +121,8 @@ local shared = ARGV[3] == '1'
 if holder and not isShared(holder) then
 	return {0, redis.call('PTTL', KEYS[1])}
 end
-local ms = now()
+local us = micros()
+local ms = math.floor(us / 1000)
 local void = redis.call('GET', KEYS[3])
 if shared and void and string.sub(void, 1, 5) == 'held:' then
 	local exp = redis.call('ZSCORE', KEYS[4], ARGV[1])
@@ -155,7 +159,7 @@ if not shared then
 		end
 		return {0, firstExpiry()}
 	end
-	local fence = nextFence(KEYS[2])
+	local fence = nextFence(KEYS[2], us)
 	redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 	if redis.call('EXISTS', KEYS[5]) == 1 then
 		redis.call('ZREM', KEYS[5], ARGV[1])
@@ -176,7 +180,7 @@ end
 if tonumber(count) > 0 and live >= tonumber(count) then
 	return {0, firstExpiry()}
 end
-local fence = nextFence(KEYS[2])
+local fence = nextFence(KEYS[2], us)
 local px = tonumber(ARGV[2])
 redis.call('ZADD', KEYS[4], ms + px, ARGV[1])
 redis.call('SET', KEYS[3], 'held:' .. string.format('%.0f', fence), 'PX', ARGV[6])
