@@ -389,15 +389,18 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 				c.giveBack(conn, got)
 				return nil, false, nil
 			}
-			if c.bounded && time.Until(c.deadline) > 0 {
+			if c.bounded && time.Until(c.deadline) > verdictLead/3 {
 				// The server's bound ends up to verdictLead before the
 				// Timeout (see lockTimeout), so that its "held" is back
-				// in time. With time left, wait again for what remains,
-				// each bound closer to the Timeout: "not granted" never
-				// comes before the Timeout, and a release in its last
-				// moments still grants. The statement again is the
-				// retry's, which finds a raced grant held (and fences it)
-				// rather than take the lock a second time.
+				// in time. With more than a third of that left, wait
+				// again for what remains, so that a release in the
+				// Timeout's last moments still grants; less is not worth
+				// a statement (each scans pg_locks, see retrySQL), and
+				// runBounded holds the "held" back until the Timeout
+				// (untilDeadline): "not granted" never comes before it.
+				// The statement again is the retry's, which finds a
+				// raced grant held (and fences it) rather than take the
+				// lock a second time.
 				c.retry = true
 				continue
 			}
