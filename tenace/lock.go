@@ -61,6 +61,10 @@ type LockOptions struct {
 	// share that count, whatever they asked for, so give every caller of a
 	// key the same Permits. It needs Shared; negative is invalid.
 	Permits int
+	// Owner is this Lock's own label for its grants (a job id, a request
+	// kind): a provider that records owners shows it after its own owner
+	// label (see HolderInfo.Owner and Inspector). "" adds none.
+	Owner string
 }
 
 // Lock is the step that runs the steps added before it, and fn, while

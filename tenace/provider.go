@@ -53,6 +53,17 @@ type LockAcquireOptions struct {
 	// shared sets it; those admitted beside it share it, whatever they
 	// asked for. It needs Shared; negative is invalid.
 	Permits int
+	// Owner is the caller's own label for this grant (LockOptions.Owner):
+	// a provider that records owners stores it beside its own owner label,
+	// and Inspect shows it (see HolderInfo.Owner). "" adds none.
+	Owner string
+	// OnHeld, when set, is called by a provider that is about to answer
+	// "not granted" ((nil, nil)) and knows who holds the key without a
+	// further round trip (the engine returned it with the refusal): once,
+	// before Acquire returns, with the holder it saw. A Lock sets it to
+	// name the holder in its *LockNotAcquiredError. A provider that does
+	// not know never calls it.
+	OnHeld func(HolderInfo)
 }
 
 // LockLease is one grant of a lock.
