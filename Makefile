@@ -9,11 +9,31 @@ PKGS     := ./... ./bench/... ./tenace/redislock/... ./tenace/oteltenace/... ./t
 # The distributed providers' tests need redis-server, postgresql with pgbouncer, and
 # etcd: as root with apt-get, make test installs what is missing; otherwise it runs
 # every test it can (the distributed ones skip), then fails with the install line.
-.PHONY: servers test test-race test-allocs test-verify release-check bench bench-quick fuzz mutants lint cover run
+.PHONY: servers test test-busy test-race test-allocs test-verify release-check bench bench-quick fuzz mutants lint cover run
 
-## test: everything CI checks, on every module
-test: servers test-race test-allocs test-verify release-check
-	@./scripts/servers check
+# The parts of make test, in order.
+TEST_PARTS := test-race test-allocs test-verify release-check
+
+## test: everything CI checks, on every module. Every part runs, also after
+## one fails, and a summary ends the output: each part's status and time;
+## it fails if any part failed or a server is missing.
+test: servers
+	@failed=; summary=; \
+	for t in $(TEST_PARTS); do \
+		start=$$(date +%s); \
+		if $(MAKE) --no-print-directory $$t; then r=ok; else r=FAILED; failed="$$failed $$t"; fi; \
+		summary="$$summary$$(printf '\n  %-14s %-6s %5ss' $$t $$r $$(($$(date +%s) - start)))"; \
+	done; \
+	./scripts/servers check || failed="$$failed servers"; \
+	echo "make test:$$summary"; \
+	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi; \
+	echo "make test: passed"
+
+## test-busy: make test with one CPU burner per core (BUSY=N: N) running throughout,
+## as on a shared CI runner; scripts/busy stops exactly those burners after, pass or fail
+BUSY ?=
+test-busy:
+	./scripts/busy run $(BUSY) -- $(MAKE) --no-print-directory test
 
 ## servers: install the test servers that are missing (root with apt-get), or say how
 servers:
@@ -26,8 +46,8 @@ test-race test-allocs test-verify release-check: servers
 ## providers' packages one at a time (their fault tests stall servers and run CPU
 ## burners, and measure timing bounds that another package's burners would skew)
 test-race:
-	$(GO) test -race -count=1 $(filter-out $(DISTRIBUTED),$(PKGS))
-	$(GO) test -race -count=1 -p 1 $(DISTRIBUTED)
+	$(GO) test -race -count=1 $(filter-out $(DISTRIBUTED),$(PKGS)); s=$$?; \
+	$(GO) test -race -count=1 -p 1 $(DISTRIBUTED) && exit $$s
 
 ## test-allocs: the allocation budgets (sync.Pool drops items under -race, so they run without it)
 test-allocs:

@@ -129,10 +129,11 @@
 // built as actors: keys hash with xxhash to N shard goroutines, each of which
 // alone owns its keys' FIFO wait queues, with no mutex (see package
 // tenace.dev/tenace/shard for the design and its invariants). The
-// distributed providers are tenace.dev/tenace/redislock, on Redis, and
-// tenace.dev/tenace/pglock, on PostgreSQL's advisory locks; both pass the
-// conformance suite tenace.dev/tenace/locktest, which a provider of your own
-// can run too.
+// distributed providers are tenace.dev/tenace/redislock, on Redis;
+// tenace.dev/tenace/pglock, on PostgreSQL's advisory locks; and
+// tenace.dev/tenace/etcdlock, on etcd's leases and revisions. Each is a
+// module of its own, and each passes the conformance suite
+// tenace.dev/tenace/locktest, which a provider of your own can run too.
 //
 // # Writing a step
 //

@@ -14,6 +14,8 @@
 //	go run ./bench/all -providers etcd -etcd http://127.0.0.1:2379
 //	go run ./bench/all -otel                           # the pipeline with and without the listener
 //
+// It writes results.md, results.json and chart.svg into bench-results/all/
+// (-out elsewhere), so that go run ./bench's bench-results/chart.svg stays.
 // It is a command of its own so that go run ./bench compiles none of this.
 // A family registers in init: a load.Family with its implementations, its
 // address flag and a Start that launches a throwaway server (see
@@ -26,7 +28,12 @@ import (
 	"tenace.dev/bench/internal/load"
 )
 
+// defaultOut is where go run ./bench/all writes its table and chart: beside
+// go run ./bench's bench-results/chart.svg, not over it.
+const defaultOut = "bench-results/all"
+
 func init() {
+	load.DefaultOut = defaultOut
 	load.Register(redisFamily())
 	load.Register(postgresFamily())
 	load.Register(etcdFamily())

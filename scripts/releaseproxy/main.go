@@ -12,7 +12,9 @@
 //	go run ./scripts/releaseproxy -version v0.1.0 -out /tmp/proxy . tenace/redislock
 //
 // Each module directory must hold a LICENSE file; releaseproxy fails
-// otherwise. A module must have no replace line, and must require every
+// otherwise. It also fails when a zip would carry a compiled program (an
+// ELF, Mach-O, PE or WebAssembly file: a build output committed by
+// mistake) or a file larger than MaxFileSize, and prints each zip's size. A module must have no replace line, and must require every
 // other module it is given at -version: the modules are released together,
 // and one that required another at an older version would, once published,
 // build against that version, not the tree this checks. It is the first
@@ -21,7 +23,9 @@
 package main
 
 import (
+	"archive/zip"
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -67,11 +71,11 @@ func main() {
 		fatalf("%v", err)
 	}
 	for _, m := range mods {
-		leftOut, err := publish(m, *version, *out)
+		leftOut, size, err := publish(m, *version, *out)
 		if err != nil {
 			fatalf("%s: %v", m.dir, err)
 		}
-		fmt.Printf("releaseproxy: %s@%s from %s\n", m.path, *version, m.dir)
+		fmt.Printf("releaseproxy: %s@%s from %s: %s zip\n", m.path, *version, m.dir, humanSize(size))
 		if len(leftOut) > 0 {
 			const most = 10
 			more := ""
@@ -143,24 +147,23 @@ func checkRequires(mods []*mod, version string) error {
 }
 
 // publish writes m at version into the proxy at out, and returns the files
-// of m's directory it left out because git does not track them.
-func publish(m *mod, version, out string) (leftOut []string, err error) {
+// of m's directory it left out because git does not track them and the
+// size of the zip in bytes. It writes nothing when the zip would carry a
+// compiled program or a file larger than MaxFileSize.
+func publish(m *mod, version, out string) (leftOut []string, size int, err error) {
 	escaped, err := module.EscapePath(m.path)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	vdir := filepath.Join(out, filepath.FromSlash(escaped), "@v")
-	if err := os.MkdirAll(vdir, 0o755); err != nil {
-		return nil, err
-	}
 	mv := module.Version{Path: m.path, Version: version}
 	files, leftOut, err := trackedFiles(m.dir)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	for _, p := range leftOut {
 		if p == "go.mod" || p == "LICENSE" {
-			return nil, fmt.Errorf("%s is not tracked by git, so a tag would not publish it: git add it", p)
+			return nil, 0, fmt.Errorf("%s is not tracked by git, so a tag would not publish it: git add it", p)
 		}
 	}
 	var zipped bytes.Buffer
@@ -170,7 +173,13 @@ func publish(m *mod, version, out string) (leftOut []string, err error) {
 		err = modzip.Create(&zipped, mv, files)
 	}
 	if err != nil {
-		return nil, err
+		return nil, 0, err
+	}
+	if err := checkZip(zipped.Bytes()); err != nil {
+		return nil, 0, fmt.Errorf("%s@%s: %w", m.path, version, err)
+	}
+	if err := os.MkdirAll(vdir, 0o755); err != nil {
+		return nil, 0, err
 	}
 	info, _ := json.Marshal(struct {
 		Version string
@@ -183,10 +192,91 @@ func publish(m *mod, version, out string) (leftOut []string, err error) {
 	}
 	for name, data := range proxyFiles {
 		if err := os.WriteFile(filepath.Join(vdir, name), data, 0o644); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
-	return leftOut, appendLine(filepath.Join(vdir, "list"), version)
+	return leftOut, zipped.Len(), appendLine(filepath.Join(vdir, "list"), version)
+}
+
+// MaxFileSize is the largest file a module zip may carry: the modules are
+// source, and a larger file is a build output, a data set or a capture
+// committed by mistake, which every adopter would download.
+const MaxFileSize = 1 << 20
+
+// checkZip fails, naming every such file, when the module zip z carries a
+// compiled program or a file larger than MaxFileSize.
+func checkZip(z []byte) error {
+	r, err := zip.NewReader(bytes.NewReader(z), int64(len(z)))
+	if err != nil {
+		return fmt.Errorf("reading the zip back: %w", err)
+	}
+	var bad []string
+	for _, f := range r.File {
+		name := f.Name // path@version/file: a module path has no @
+		if i := strings.Index(name, "@"); i >= 0 {
+			if j := strings.Index(name[i:], "/"); j >= 0 {
+				name = name[i+j+1:]
+			}
+		}
+		if f.UncompressedSize64 > MaxFileSize {
+			bad = append(bad, fmt.Sprintf("%s is %s (more than %s)", name, humanSize(int(f.UncompressedSize64)), humanSize(MaxFileSize)))
+			continue
+		}
+		rc, err := f.Open()
+		if err != nil {
+			return fmt.Errorf("reading %s back from the zip: %w", name, err)
+		}
+		head := make([]byte, 4096) // PE headers begin within the first few hundred bytes
+		n, err := io.ReadFull(rc, head)
+		rc.Close()
+		if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("reading %s back from the zip: %w", name, err)
+		}
+		if kind := programKind(head[:n]); kind != "" {
+			bad = append(bad, fmt.Sprintf("%s is a compiled program (%s)", name, kind))
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("the zip would carry %s: a module publishes source only; git rm the file (and add build outputs to .gitignore)", strings.Join(bad, "; "))
+	}
+	return nil
+}
+
+// programKind names the executable format head (a file's first bytes)
+// begins with, or returns "" when it is none of them.
+func programKind(head []byte) string {
+	switch {
+	case bytes.HasPrefix(head, []byte("\x7fELF")):
+		return "ELF"
+	case bytes.HasPrefix(head, []byte("\x00asm")):
+		return "WebAssembly"
+	case len(head) >= 4:
+		switch binary.BigEndian.Uint32(head) {
+		case 0xfeedface, 0xfeedfacf, 0xcefaedfe, 0xcffaedfe:
+			return "Mach-O"
+		case 0xcafebabe, 0xbebafeca:
+			return "Mach-O universal" // also a Java class file: compiled either way
+		}
+	}
+	// PE: the DOS header's MZ, whose e_lfanew (at 0x3c) points at "PE\0\0".
+	if len(head) >= 0x40 && bytes.HasPrefix(head, []byte("MZ")) {
+		off := int(binary.LittleEndian.Uint32(head[0x3c:]))
+		if off+4 <= len(head) && bytes.Equal(head[off:off+4], []byte("PE\x00\x00")) {
+			return "PE"
+		}
+	}
+	return ""
+}
+
+// humanSize writes n bytes as B, KiB or MiB.
+func humanSize(n int) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
 }
 
 // trackedFiles returns the files of dir that git tracks and that exist in

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -102,7 +103,7 @@ func TestPublishZipsWhatGitTracks(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := t.TempDir()
-	leftOut, err := publish(m, "v0.2.0", out)
+	leftOut, _, err := publish(m, "v0.2.0", out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +127,7 @@ func TestPublishOutsideGitZipsTheDirectory(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := t.TempDir()
-	leftOut, err := publish(m, "v0.2.0", out)
+	leftOut, _, err := publish(m, "v0.2.0", out)
 	if err != nil || leftOut != nil {
 		t.Fatalf("publish: %q, %v", leftOut, err)
 	}
@@ -145,7 +146,7 @@ func TestPublishRefusesAnUntrackedLicense(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := publish(m, "v0.2.0", t.TempDir()); err == nil || !strings.Contains(err.Error(), "LICENSE is not tracked") {
+	if _, _, err := publish(m, "v0.2.0", t.TempDir()); err == nil || !strings.Contains(err.Error(), "LICENSE is not tracked") {
 		t.Fatalf("publish: %v, want the untracked LICENSE named", err)
 	}
 }
@@ -183,5 +184,141 @@ func TestReadModRefusesReplaceAndAMissingLicense(t *testing.T) {
 	dir = repo(t, false, map[string]string{"go.mod": rootFiles["go.mod"]})
 	if _, err := readMod(dir); err == nil || !strings.Contains(err.Error(), "LICENSE") {
 		t.Errorf("no LICENSE: %v", err)
+	}
+}
+
+// programHead returns the first 64 KiB of this test's own binary: the
+// header of a program compiled for this system (ELF, Mach-O or PE), in a
+// file smaller than MaxFileSize, so that only its format can refuse it.
+func programHead(t *testing.T) string {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	head := make([]byte, 64<<10)
+	if _, err := io.ReadFull(f, head); err != nil {
+		t.Fatal(err)
+	}
+	return string(head)
+}
+
+// A compiled program or a file larger than MaxFileSize, committed in a
+// module, is refused by name, and nothing is written to the proxy.
+func TestPublishRefusesAProgramAndALargeFile(t *testing.T) {
+	for name, extra := range map[string]map[string]string{
+		"program":    {"tool": programHead(t)},
+		"large file": {"testdata/capture.txt": strings.Repeat("x", MaxFileSize+1)},
+		"both":       {"bin/tool": programHead(t), "big.json": strings.Repeat(" ", MaxFileSize+1)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			files := maps.Clone(rootFiles)
+			maps.Copy(files, extra)
+			m, err := readMod(repo(t, true, files))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := t.TempDir()
+			_, _, err = publish(m, "v0.2.0", out)
+			if err == nil {
+				t.Fatal("publish zipped a module that carries a build output")
+			}
+			for p := range extra {
+				if !strings.Contains(err.Error(), p+" is ") {
+					t.Errorf("the error does not name %s: %v", p, err)
+				}
+			}
+			if entries, _ := os.ReadDir(out); len(entries) > 0 {
+				t.Errorf("publish wrote %d entries into the proxy before refusing", len(entries))
+			}
+		})
+	}
+}
+
+// A module of source only is published, and its zip's size reported.
+func TestPublishReportsTheZipSize(t *testing.T) {
+	files := maps.Clone(rootFiles)
+	files["data.txt"] = strings.Repeat("x", MaxFileSize) // at the limit: allowed
+	m, err := readMod(repo(t, true, files))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	_, size, err := publish(m, "v0.2.0", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := os.Stat(filepath.Join(out, "example.test", "root", "@v", "v0.2.0.zip"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(size) != info.Size() {
+		t.Errorf("publish reported %d bytes, the zip has %d", size, info.Size())
+	}
+}
+
+func TestProgramKind(t *testing.T) {
+	pe := make([]byte, 0x100)
+	copy(pe, "MZ")
+	pe[0x3c] = 0x80
+	copy(pe[0x80:], "PE\x00\x00")
+	mzText := make([]byte, 0x100) // a text that happens to begin with MZ
+	copy(mzText, "MZ is a two-letter code, "+strings.Repeat("and this is text. ", 12))
+	cases := []struct {
+		head, want string
+	}{
+		{"\x7fELF\x02\x01\x01", "ELF"},
+		{"\xcf\xfa\xed\xfe\x07\x00", "Mach-O"},
+		{"\xce\xfa\xed\xfe", "Mach-O"},
+		{"\xfe\xed\xfa\xcf", "Mach-O"},
+		{"\xca\xfe\xba\xbe\x00\x00\x00\x02", "Mach-O universal"},
+		{"\x00asm\x01\x00\x00\x00", "WebAssembly"},
+		{string(pe), "PE"},
+		{string(mzText), ""},
+		{"MZ", ""},
+		{"package main\n", ""},
+		{"#!/bin/sh\necho hi\n", ""},
+		{"", ""},
+	}
+	if kind, ok := map[string]string{"linux": "ELF", "darwin": "Mach-O", "windows": "PE"}[runtime.GOOS]; ok {
+		cases = append(cases, struct{ head, want string }{programHead(t), kind}) // this test's own binary
+	}
+	for _, c := range cases {
+		if got := programKind([]byte(c.head)); got != c.want {
+			t.Errorf("programKind(%q...) = %q, want %q", c.head[:min(len(c.head), 8)], got, c.want)
+		}
+	}
+}
+
+// scripts/release-check fails on a module that carries a compiled program,
+// naming the file, before it builds anything against the proxy.
+func TestReleaseCheckFailsOnAProgram(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the go command")
+	}
+	license, err := os.ReadFile(filepath.Join("..", "..", "LICENSE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{
+		"go.mod":       rootFiles["go.mod"],
+		"LICENSE":      string(license),
+		"root.go":      rootFiles["root.go"],
+		"releaseproxy": programHead(t), // a build output committed by mistake
+	}
+	dir := repo(t, true, files)
+	cmd := exec.Command(filepath.Join("..", "release-check"))
+	cmd.Env = append(os.Environ(), "MODULES="+dir)
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("release-check passed a module carrying a compiled program:\n%s", out)
+	}
+	if !strings.Contains(string(out), "releaseproxy is a compiled program") {
+		t.Fatalf("release-check failed (%v) without naming the program:\n%s", err, out)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/failsafe-go/failsafe-go"
@@ -145,26 +146,34 @@ func TestCircuitBreakerSeesProviderFailures(t *testing.T) {
 // returns timeout.ErrExceeded, fn does not run, and the waiter has left the
 // queue.
 func TestTimeoutEndsTheWait(t *testing.T) {
-	p := newMemory(t)
-	holder := hold(t, p, "k")
-	var events []string
-	// The lock's own Timeout bounds a wait the execution's context would
-	// not reach: such a wait ends rejected, not cancelled, and the test
-	// fails instead of hanging.
-	lock := failsafelock.NewBuilder[string](tenace.LockOptions{Provider: p, Key: "k", Timeout: 10 * time.Second}).
-		OnEvent(func(e tenace.Event) { events = append(events, e.Name) }).
-		Build()
-	ran := false
-	_, err := failsafe.With(timeout.New[string](20*time.Millisecond), lock).Get(func() (string, error) {
-		ran = true
-		return "", nil
+	// In a synctest bubble the Timeout's 20ms pass only once every goroutine
+	// of the bubble is blocked: the execution then waits in the provider's
+	// queue, however slowly the machine runs, so the Timeout ends a wait and
+	// never an execution that had not yet asked for the lock.
+	synctest.Test(t, func(t *testing.T) {
+		p := newMemory(t) // made inside the bubble
+		holder := hold(t, p, "k")
+		var events []string
+		// The lock's own Timeout bounds a wait the execution's context would
+		// not reach: such a wait ends rejected, not cancelled, and the test
+		// fails instead of hanging.
+		lock := failsafelock.NewBuilder[string](tenace.LockOptions{Provider: p, Key: "k", Timeout: 10 * time.Second}).
+			OnEvent(func(e tenace.Event) { events = append(events, e.Name) }).
+			Build()
+		ran := false
+		start := time.Now()
+		_, err := failsafe.With(timeout.New[string](20*time.Millisecond), lock).Get(func() (string, error) {
+			ran = true
+			return "", nil
+		})
+		require.ErrorIs(t, err, timeout.ErrExceeded)
+		require.Equal(t, 20*time.Millisecond, time.Since(start), "fake time: exactly the Timeout")
+		require.False(t, ran)
+		require.Equal(t, []string{tenace.EventLockAcquiring, tenace.EventLockCancelled}, events)
+		require.Zero(t, p.Stats().Waiting)
+		require.NoError(t, holder.Release(bg))
+		requireFree(t, p, "k")
 	})
-	require.ErrorIs(t, err, timeout.ErrExceeded)
-	require.False(t, ran)
-	require.Equal(t, []string{tenace.EventLockAcquiring, tenace.EventLockCancelled}, events)
-	require.Zero(t, p.Stats().Waiting)
-	require.NoError(t, holder.Release(bg))
-	requireFree(t, p, "k")
 }
 
 // A failsafe-go Timeout outside the Lock reaches the work through

@@ -98,8 +98,11 @@ var (
 	defaultScenarios = []string{"distinct", "hot", "zipf"}
 )
 
-// DefaultOut is where the table and chart go when -out is not given.
-const DefaultOut = "bench-results"
+// DefaultOut is where the table and chart go when -out is not given. A
+// command that registers more families sets its own in init, so that its
+// chart does not overwrite go run ./bench's (go run ./bench/all:
+// bench-results/all).
+var DefaultOut = "bench-results"
 
 type config struct {
 	families   []*Family
