@@ -35,9 +35,32 @@ import (
 
 // waitNode is one holding waiter, owned by the detector once sent.
 type waitNode struct {
-	holds  []string // the keys its execution holds on the provider
-	waits  []string // the key it asks for, or the keys of a set
+	held   []*heldCtx // the Locks of its execution that hold keys of the provider
+	waits  []string   // the key it asks for, or the keys of a set
 	cancel context.CancelCauseFunc
+}
+
+// keys returns the keys n's execution held on the provider when it arrived;
+// some may have been released since (see holds).
+func (n *waitNode) keys() []string {
+	var ks []string
+	for _, h := range n.held {
+		ks = append(ks, h.heldKeys()...)
+	}
+	return ks
+}
+
+// holds reports whether n's execution holds key now: through a Lock that
+// has not released it. A Lock releases while a goroutine of its execution
+// still waits (one started with context.WithoutCancel); from then on that
+// waiter holds nothing through it.
+func (n *waitNode) holds(key string) bool {
+	for _, h := range n.held {
+		if !h.released.Load() && slices.Contains(h.heldKeys(), key) {
+			return true
+		}
+	}
+	return false
 }
 
 type cycleMsgKind uint8
@@ -75,14 +98,14 @@ func (d *cycleDetector) handle(batch []cycleMsg) {
 	for _, m := range batch {
 		switch m.kind {
 		case cycleArrive:
-			for _, k := range m.n.holds {
+			for _, k := range m.n.keys() {
 				d.holders[k] = append(d.holders[k], m.n)
 			}
 			if cycle := d.cycleFrom(m.n); cycle != nil {
 				m.n.cancel(&DeadlockError{Key: cycle[0], Cycle: cycle})
 			}
 		case cycleLeave:
-			for _, k := range m.n.holds {
+			for _, k := range m.n.keys() {
 				hs := slices.DeleteFunc(d.holders[k], func(x *waitNode) bool { return x == m.n })
 				if len(hs) == 0 {
 					delete(d.holders, k)
@@ -106,6 +129,9 @@ func (d *cycleDetector) cycleFrom(start *waitNode) []string {
 	walk = func(n *waitNode) bool {
 		for _, k := range n.waits {
 			for _, m := range d.holders[k] {
+				if !m.holds(k) {
+					continue
+				}
 				path = append(path, k)
 				if m == start {
 					return true
@@ -142,13 +168,13 @@ func watchCycles(ctx context.Context, h *heldCtx, p LockProvider, key string, ke
 	if !ok || h == nil || mp.cycles == nil {
 		return ctx, cycleWatch{}
 	}
-	var holds []string
+	var held []*heldCtx
 	for ; h != nil; h, _ = h.Context.Value(heldKey{}).(*heldCtx) {
-		if sameProvider(h.provider, p) {
-			holds = append(holds, h.heldKeys()...)
+		if !h.released.Load() && sameProvider(h.provider, p) {
+			held = append(held, h)
 		}
 	}
-	if len(holds) == 0 {
+	if len(held) == 0 {
 		return ctx, cycleWatch{}
 	}
 	waits := keys
@@ -156,7 +182,7 @@ func watchCycles(ctx context.Context, h *heldCtx, p LockProvider, key string, ke
 		waits = []string{key}
 	}
 	wctx, cancel := context.WithCancelCause(ctx)
-	n := &waitNode{holds: holds, waits: waits, cancel: cancel}
+	n := &waitNode{held: held, waits: waits, cancel: cancel}
 	if mp.cycles.mb.Send(ctx, cycleMsg{kind: cycleArrive, n: n}) != nil {
 		cancel(nil)
 		return ctx, cycleWatch{} // closed or ctx ended: the acquire reports it

@@ -3,6 +3,7 @@ package tenace
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"tenace.dev/tenace/policy"
@@ -153,11 +154,17 @@ func LeaseFrom(ctx context.Context) (LockLease, bool) {
 //
 // It also tells a Lock nested inside it which keys its execution holds
 // (see reentered): the provider and the key, or the *SetLease's keys.
+//
+// What it says ends with the Lock: released is set before the lease is
+// released, and from then on neither the reentrance check nor the cycle
+// detector counts its keys, though the context lives on (a goroutine
+// started inside fn with context.WithoutCancel(ctx) keeps it).
 type heldCtx struct {
 	context.Context
 	lease    LockLease
 	provider LockProvider
 	key      string
+	released atomic.Bool
 }
 
 func (c *heldCtx) Value(key any) any {
@@ -321,7 +328,7 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	}
 	// Released in a defer, so that a panic in fn, in an inner step or in a
 	// listener of the acquired event does not leak the lock.
-	defer l.release(ctx, x, key, held.lease, granted)
+	defer l.release(ctx, x, key, held, granted)
 	if observed {
 		e := l.event(EventLockAcquired, key, ctx)
 		e.Wait, e.Token = granted.Sub(start), tokenOf(held.lease)
@@ -388,7 +395,9 @@ func (l *Lock) runWatched(ctx, held context.Context, x policy.Execution, key str
 
 // release releases lease and emits EventLockReleased; granted is when the
 // lease was granted (zero without listeners).
-func (l *Lock) release(ctx context.Context, x policy.Execution, key string, lease LockLease, granted time.Time) {
+func (l *Lock) release(ctx context.Context, x policy.Execution, key string, held *heldCtx, granted time.Time) {
+	held.released.Store(true)
+	lease := held.lease
 	rctx := ctx
 	if ctx.Done() != nil {
 		// Not ctx: neither the caller's cancel nor its deadline may cut
