@@ -63,7 +63,7 @@ type heldKey struct{}
 // around h.
 func (h *heldCtx) reentered(provider LockProvider, key string, keys []string) *DeadlockError {
 	for ; h != nil; h, _ = h.Context.Value(heldKey{}).(*heldCtx) {
-		if h.released.Load() || !sameProvider(h.provider, provider) {
+		if h.released.Load() || !sameLocks(h.provider, provider) {
 			continue
 		}
 		if k, ok := h.holds(key, keys); ok {

@@ -61,7 +61,7 @@ func TestDeadlockSameExecution(t *testing.T) {
 			names := rec.names()
 			require.Len(t, names, 2)
 			require.Equal(t, tenace.EventLockAcquiring, rec.events[0].Name)
-			require.Equal(t, tenace.EventLockRejected, rec.events[1].Name)
+			require.Equal(t, tenace.EventLockDeadlock, rec.events[1].Name)
 			require.ErrorAs(t, rec.events[1].Err, &d)
 			require.Equal(t, countHeld(tc.outer), size, "the inner Lock took nothing")
 		})
