@@ -27,7 +27,9 @@ import (
 //
 // The execution is the context a Lock gives its inner steps and every
 // context derived from it: a goroutine started inside fn with fn's context
-// counts as the same execution. Only locks taken through a Lock step are
+// counts as the same execution. What that context says it holds ends when
+// the Lock releases: a context kept past it (context.WithoutCancel(ctx) for
+// work that outlives the call) holds nothing through that Lock. Only locks taken through a Lock step are
 // known this way; a lease a caller took from a provider directly is not. A
 // cycle across processes (two executions holding keys of a distributed
 // provider and each waiting for the other's) cannot be seen from one
@@ -61,7 +63,7 @@ type heldKey struct{}
 // around h.
 func (h *heldCtx) reentered(provider LockProvider, key string, keys []string) *DeadlockError {
 	for ; h != nil; h, _ = h.Context.Value(heldKey{}).(*heldCtx) {
-		if !sameProvider(h.provider, provider) {
+		if h.released.Load() || !sameLocks(h.provider, provider) {
 			continue
 		}
 		if k, ok := h.holds(key, keys); ok {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 
@@ -13,10 +14,15 @@ import (
 )
 
 // holdThenWait runs, on its own goroutine, an execution that holds outer
-// and then, once go is closed, asks for inner with no Timeout; its error
-// comes on the returned channel.
+// and then, once proceed is closed, asks for inner with no Timeout; its
+// error comes on the returned channel. Options without a Provider use p.
 func holdThenWait(p *tenace.MemoryLockProvider, outer tenace.LockOptions, inner tenace.LockOptions, holding chan<- struct{}, proceed <-chan struct{}) <-chan error {
-	outer.Provider, inner.Provider = p, p
+	if outer.Provider == nil {
+		outer.Provider = p
+	}
+	if inner.Provider == nil {
+		inner.Provider = p
+	}
 	errc := make(chan error, 1)
 	go func() {
 		errc <- tenace.NewPolicy().WithLock(outer).Execute(context.Background(), func(ctx context.Context) error {
@@ -130,6 +136,139 @@ func TestDeadlockNoCycle(t *testing.T) {
 		cancel()
 		require.True(t, errors.Is(<-errc2, context.Canceled))
 		require.NoError(t, held.Release(context.Background()))
+		require.Zero(t, p.Size())
+	})
+}
+
+// A set that waits holds the keys it was granted already: F holds b and
+// asks for a, while E's set {b, a} took a and waits for b — a cycle, also
+// when E's execution holds nothing else. F, the last to wait, gets the
+// *DeadlockError, and E goes on. No Timeout: without it, both wait forever.
+func TestDeadlockCycleThroughAPartlyGrantedSet(t *testing.T) {
+	for _, eHolds := range []string{"", "x"} {
+		for _, shards := range []int{1, 8} {
+			t.Run(fmt.Sprintf("E holds %q/shards=%d", eHolds, shards), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					p := tenace.NewMemoryLockProvider(tenace.WithShards(shards))
+					defer p.Close()
+					fHolds, fAsk := make(chan struct{}, 1), make(chan struct{})
+					fErr := holdThenWait(p, tenace.LockOptions{Key: "b"}, tenace.LockOptions{Key: "a"}, fHolds, fAsk)
+					<-fHolds
+					set := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Keys: []string{"b", "a"}})
+					eErr := make(chan error, 1)
+					go func() {
+						if eHolds == "" {
+							eErr <- set.Execute(bg, func(context.Context) error { return nil })
+							return
+						}
+						eErr <- tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: eHolds}).Execute(bg, func(ctx context.Context) error {
+							return set.Execute(ctx, func(context.Context) error { return nil })
+						})
+					}()
+					synctest.Wait() // E holds a and waits for b
+					close(fAsk)
+					err := <-fErr
+					var d *tenace.DeadlockError
+					require.ErrorAs(t, err, &d)
+					require.Equal(t, []string{"a", "b"}, d.Cycle)
+					require.NoError(t, <-eErr, "E goes on")
+					require.Zero(t, p.Size())
+				})
+			})
+		}
+	}
+}
+
+// forwarding is a wrapper around a provider that passes keys through and
+// forwards its DeadlockDetector: detection is kept, and keys taken through
+// it and through the provider itself are one lock space.
+type forwarding struct {
+	p     *tenace.MemoryLockProvider
+	panic func(key string) bool // Acquire panics for these keys
+}
+
+func (f forwarding) Acquire(ctx context.Context, key string, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
+	if f.panic != nil && f.panic(key) {
+		panic("acquire of " + key)
+	}
+	return f.p.Acquire(ctx, key, opts)
+}
+
+func (f forwarding) DeadlockDetector() *tenace.DeadlockDetector { return f.p.DeadlockDetector() }
+
+var _ tenace.DeadlockDetectingProvider = forwarding{}
+
+// Detection goes through the DeadlockDetectingProvider interface: a wrapper
+// that forwards it keeps it, for a cycle through the wrapper and the
+// provider it wraps, and for a key its execution holds through the other.
+func TestDeadlockThroughAForwardingWrapper(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := tenace.NewMemoryLockProvider()
+		defer p.Close()
+		w := forwarding{p: p}
+		holding := make(chan struct{}, 2)
+		proceedA, proceedB := make(chan struct{}), make(chan struct{})
+		errA := holdThenWait(p, tenace.LockOptions{Provider: w, Key: "k1"}, tenace.LockOptions{Key: "k2"}, holding, proceedA)
+		errB := holdThenWait(p, tenace.LockOptions{Key: "k2"}, tenace.LockOptions{Provider: w, Keys: []string{"k1", "k3"}}, holding, proceedB)
+		<-holding
+		<-holding
+		close(proceedA)
+		synctest.Wait()
+		close(proceedB)
+		var d *tenace.DeadlockError
+		require.ErrorAs(t, <-errB, &d)
+		require.Equal(t, []string{"k1", "k2"}, d.Cycle)
+		require.NoError(t, <-errA)
+
+		err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: w, Key: "k"}).Execute(bg, func(ctx context.Context) error {
+			return tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"}).Execute(ctx, func(context.Context) error { return nil })
+		})
+		require.ErrorAs(t, err, &d)
+		require.Equal(t, "k", d.Key)
+		require.Zero(t, p.Size())
+	})
+}
+
+// A provider's Acquire that panics leaves no wait in the detector's graph:
+// X, which holds k1 and goes on holding it, recovers from the panic of its
+// wait for k2; then Y, holding k2, waits for k1 — held by X, which no
+// longer waits. That is no cycle: Y waits until X lets go.
+func TestDeadlockDetectorForgetsAPanickedWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := tenace.NewMemoryLockProvider()
+		defer p.Close()
+		var panicked atomic.Bool
+		w := forwarding{p: p, panic: func(key string) bool { return key == "k2" && panicked.CompareAndSwap(false, true) }}
+		lock := func(key string) tenace.Policy {
+			return tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: w, Key: key})
+		}
+		xHolds, xRelease := make(chan struct{}), make(chan struct{})
+		errX := make(chan error, 1)
+		go func() {
+			errX <- lock("k1").Execute(bg, func(ctx context.Context) error {
+				func() {
+					defer func() { _ = recover() }()
+					_ = lock("k2").Execute(ctx, func(context.Context) error { return nil })
+				}()
+				close(xHolds)
+				<-xRelease
+				return nil
+			})
+		}()
+		<-xHolds
+		holding, proceed := make(chan struct{}, 1), make(chan struct{})
+		errY := holdThenWait(p, tenace.LockOptions{Provider: w, Key: "k2"}, tenace.LockOptions{Provider: w, Key: "k1"}, holding, proceed)
+		<-holding
+		close(proceed)
+		synctest.Wait()
+		select {
+		case err := <-errY:
+			t.Fatalf("Y returned %v while X holds k1 and waits for nothing", err)
+		default:
+		}
+		close(xRelease)
+		require.NoError(t, <-errX)
+		require.NoError(t, <-errY)
 		require.Zero(t, p.Size())
 	})
 }

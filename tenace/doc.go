@@ -100,6 +100,7 @@
 //	lock.acquiring  EventLockAcquiring  the Lock starts to wait for its key
 //	lock.acquired   EventLockAcquired   the lock is held; the inner steps run next   Wait, Token
 //	lock.rejected   EventLockRejected   not acquired within its Timeout              Wait, Err
+//	lock.deadlock   EventLockDeadlock   waiting would never end (DeadlockError)      Wait, Err
 //	lock.cancelled  EventLockCancelled  ctx ended while waiting                      Wait, Err
 //	lock.failed     EventLockFailed     the provider failed                          Wait, Err
 //	lock.lost       EventLockLost       the lease was lost while held (LosableLease);
@@ -109,7 +110,7 @@
 //	                                    Key: the execution key
 //
 // Every lock.acquiring is followed by exactly one of acquired, rejected,
-// cancelled or failed, so a listener can count the callers waiting now.
+// deadlock, cancelled or failed, so a listener can count the callers waiting now.
 // Every lock event of a Lock with LockOptions.Shared also has Shared, and
 // Permits its LockOptions.Permits: readers and a bulkhead's callers are
 // counted apart from writers. MemoryLockProvider.Stats counts by mode too

@@ -3,6 +3,8 @@ package tenace
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync/atomic"
 	"time"
 
 	"tenace.dev/tenace/policy"
@@ -76,8 +78,10 @@ type LockOptions struct {
 //	err := p.Execute(ctx, buildReport)
 //
 // The key is LockOptions.Key, else the execution key; with neither, the call
-// returns ErrMissingKey and nothing runs. Then the Lock emits
-// EventLockAcquiring and asks the provider:
+// returns ErrMissingKey and nothing runs, as with an option out of range
+// (an error wrapping ErrInvalidOption; the rules are ValidateAcquire's and,
+// for Keys, ValidateSet's). Then the Lock emits EventLockAcquiring and asks
+// the provider:
 //   - granted: it emits EventLockAcquired, runs the inner steps with a
 //     context from which LeaseFrom returns the lease, and releases the lock
 //     when they return — normally, with an error, or by panic (the panic
@@ -89,6 +93,8 @@ type LockOptions struct {
 //     on its own, and the work is done.
 //   - not granted within Timeout: it emits EventLockRejected and returns
 //     *LockNotAcquiredError.
+//   - waiting would never end (see below): it emits EventLockDeadlock and
+//     returns *DeadlockError.
 //   - the context ended while waiting: the call leaves the queue and returns
 //     the context's error; fn does not run, even if the lock was granted at
 //     that moment (the grant is released at once). It emits
@@ -116,10 +122,12 @@ type LockOptions struct {
 // holds through an enclosing Lock on the same provider — a nested policy
 // locking the same execution key, a retry inside the lock — would wait for
 // itself forever: it gets a *DeadlockError at once instead, without a round
-// trip to the provider, after EventLockAcquiring, with EventLockRejected
+// trip to the provider, after EventLockAcquiring, with EventLockDeadlock
 // (whose Err is the *DeadlockError). Give nested locks distinct keys. On a
-// MemoryLockProvider, a wait that would close a cycle between executions
-// of the process gets a *DeadlockError naming the cycle the same way.
+// provider with a DeadlockDetector (MemoryLockProvider; see
+// DeadlockDetectingProvider), a wait that would close a cycle between
+// executions of the process gets a *DeadlockError naming the cycle the same
+// way.
 //
 // A Lock is safe for concurrent use; one Lock can serve any number of calls
 // and policies.
@@ -153,11 +161,17 @@ func LeaseFrom(ctx context.Context) (LockLease, bool) {
 //
 // It also tells a Lock nested inside it which keys its execution holds
 // (see reentered): the provider and the key, or the *SetLease's keys.
+//
+// What it says ends with the Lock: released is set before the lease is
+// released, and from then on neither the reentrance check nor the cycle
+// detector counts its keys, though the context lives on (a goroutine
+// started inside fn with context.WithoutCancel(ctx) keeps it).
 type heldCtx struct {
 	context.Context
 	lease    LockLease
 	provider LockProvider
 	key      string
+	released atomic.Bool
 }
 
 func (c *heldCtx) Value(key any) any {
@@ -170,50 +184,55 @@ func (c *heldCtx) Value(key any) any {
 	return c.Context.Value(key)
 }
 
-func (l *Lock) validate() error {
-	if l.opts.Timeout < 0 && l.opts.Timeout != NoWait {
-		return invalidOption("LockOptions.Timeout", l.opts.Timeout, "use a positive duration, 0 to wait as long as the context allows, or NoWait")
-	}
-	if l.opts.TTL < 0 {
-		return invalidOption("LockOptions.TTL", l.opts.TTL, "use a positive duration, or 0 for the provider's default")
-	}
-	if err := validatePermits("LockOptions", l.opts.Shared, l.opts.Permits); err != nil {
-		return err
-	}
-	if len(l.opts.Keys) > 0 {
-		if l.opts.Shared {
-			return invalidOption("LockOptions.Shared", true, "a set of keys (Keys) is taken exclusive: take shared keys one Lock each, in one order")
+// target returns what the Lock locks — key, and keys for a set (nil for one
+// key) — or why its options are refused. It is the Lock's one validation,
+// with the precedence of ValidateAcquire and ValidateSet: what is locked
+// (Key and Keys together, a missing or empty key, a key named twice, a
+// shared set), then how (Timeout, TTL, Permits).
+func (l *Lock) target(x policy.Execution) (key string, keys []string, err error) {
+	o := &l.opts
+	if len(o.Keys) > 0 {
+		if o.Key != "" {
+			return "", nil, invalidOption("LockOptions.Key", o.Key, "set Key or Keys, not both: put the key in Keys")
 		}
-		if l.opts.Key != "" {
-			return invalidOption("LockOptions.Key", l.opts.Key, "set Key or Keys, not both: put the key in Keys")
+		if err := checkAcquire("LockOptions", "", o.Keys, o.Timeout, o.TTL, o.Shared, o.Permits); err != nil {
+			return "", nil, err
 		}
-		return ValidateKeys(l.opts.Keys)
+		return setName(o.Keys), o.Keys, nil
 	}
-	return nil
+	key = o.Key
+	if key == "" {
+		key = x.Key()
+	}
+	return key, nil, checkAcquire("LockOptions", key, nil, o.Timeout, o.TTL, o.Shared, o.Permits)
+}
+
+// waitEnd is how a Lock's wait for its key ended.
+type waitEnd uint8
+
+const (
+	_            waitEnd = iota // the zero value is invalid
+	endGranted                  // the lease is held; the inner steps run
+	endRejected                 // not granted within Timeout: *LockNotAcquiredError
+	endDeadlock                 // waiting would never end: *DeadlockError
+	endCancelled                // ctx ended first: its error
+	endFailed                   // the provider failed (*UnexpectedError) or refused an option (as it is)
+)
+
+// waitEndEvent is the event that reports each end of a wait.
+var waitEndEvent = [...]string{
+	endGranted:   EventLockAcquired,
+	endRejected:  EventLockRejected,
+	endDeadlock:  EventLockDeadlock,
+	endCancelled: EventLockCancelled,
+	endFailed:    EventLockFailed,
 }
 
 // Run implements policy.Strategy.
 func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) error {
-	key, keys := l.opts.Key, l.opts.Keys
-	if len(keys) == 0 {
-		keys = nil // an empty set is no set: Key, or the execution key
-	}
-	switch {
-	case len(keys) > 0:
-		if err := l.validate(); err != nil {
-			return err
-		}
-		key = setName(keys)
-	case key == "":
-		key = x.Key()
-	}
-	if key == "" {
-		return ErrMissingKey
-	}
-	if keys == nil {
-		if err := l.validate(); err != nil {
-			return err
-		}
+	key, keys, err := l.target(x)
+	if err != nil {
+		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -227,7 +246,7 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 			return err
 		}
 	}
-	opts := LockAcquireOptions{Timeout: l.opts.Timeout, TTL: l.opts.TTL, Clock: x.Clock(), Shared: l.opts.Shared, Permits: l.opts.Permits}
+	opts := LockAcquireOptions{Timeout: l.opts.Timeout, TTL: l.opts.TTL, Clock: x.Clock(), Shared: l.opts.Shared, Permits: l.opts.Permits, Owner: l.opts.Owner}
 
 	// Events cost nothing without listeners: no clock read, no Event.
 	observed := x.HasListeners()
@@ -236,82 +255,17 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 		start = opts.Clock.Now()
 		l.emitAcquiring(ctx, x, key, start)
 	}
-	// The keys the execution holds, from the enclosing Locks: none, and
-	// this is the one ctx.Value a Lock makes before it acquires.
-	outer, _ := ctx.Value(heldKey{}).(*heldCtx)
-	actx, watch := ctx, cycleWatch{}
-	if outer != nil {
-		if d := outer.reentered(provider, key, keys); d != nil {
-			if observed {
-				l.emitWaitEnd(ctx, x, EventLockRejected, key, start, d)
-			}
-			return d
-		}
-		if !l.opts.Shared {
-			actx, watch = watchCycles(ctx, outer, provider, key, keys)
-		}
-	}
-	var held *heldCtx
-	var lease LockLease
-	var err error
-	if observed {
-		lease, err = l.acquireObserved(ctx, actx, x, provider, key, keys, opts, start)
-	} else {
-		lease, err = acquire(actx, provider, key, keys, opts)
-	}
-	if d := watch.leave(actx); d != nil && lease == nil && ctx.Err() == nil {
-		// The detector ended this wait to break a cycle.
+	lease, end, err := l.acquire(ctx, x, provider, key, keys, opts, observed, start)
+	if end != endGranted {
 		if observed {
-			l.emitWaitEnd(ctx, x, EventLockRejected, key, start, d)
+			l.emitWaitEnd(ctx, x, waitEndEvent[end], key, start, err)
 		}
-		return d
-	}
-	if lease != nil {
-		held = &heldCtx{Context: ctx, lease: lease, provider: provider, key: key}
-	}
-	if err != nil {
-		if lease != nil {
-			// Against the contract (an error means nothing is held), but a
-			// lease handed out is given back, not leaked.
-			_ = lease.Release(context.WithoutCancel(ctx))
-		}
-		if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
-			if observed {
-				l.emitWaitEnd(ctx, x, EventLockCancelled, key, start, err)
-			}
-			return err
-		}
-		if observed {
-			l.emitWaitEnd(ctx, x, EventLockFailed, key, start, err)
-		}
-		if errors.Is(err, ErrInvalidOption) {
-			// The provider refused an option it bounds more tightly than
-			// validate does (redislock's TTL, say): the caller's mistake,
-			// reported as the Lock's own option errors are, not as a
-			// provider failure.
-			return err
-		}
-		return &UnexpectedError{Err: err}
-	}
-	if held == nil || held.lease == nil {
-		if ctxErr := ctx.Err(); ctxErr != nil {
-			if observed {
-				l.emitWaitEnd(ctx, x, EventLockCancelled, key, start, ctxErr)
-			}
-			return ctxErr // a provider may report a ctx that ended as "not granted"
-		}
-		rejected := &LockNotAcquiredError{Key: key, Timeout: l.opts.Timeout}
-		if observed {
-			l.emitWaitEnd(ctx, x, EventLockRejected, key, start, rejected)
-		}
-		return rejected
-	}
-	if err := ctx.Err(); err != nil {
-		// The grant landed as the context ended: the call was still waiting
-		// when it was cancelled, so fn must not run, and the grant goes back.
-		_ = held.lease.Release(context.WithoutCancel(ctx))
-		if observed {
-			l.emitWaitEnd(ctx, x, EventLockCancelled, key, start, err)
+		if end == endFailed && !errors.Is(err, ErrInvalidOption) {
+			// The event carries the provider's error; the call returns it
+			// wrapped. An option the provider refuses (redislock's TTL
+			// bound, say) is the caller's mistake, returned as the Lock's
+			// own option errors are.
+			return &UnexpectedError{Err: err}
 		}
 		return err
 	}
@@ -319,18 +273,106 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	if observed {
 		granted = opts.Clock.Now()
 	}
+	held := &heldCtx{Context: ctx, lease: lease, provider: provider, key: key}
 	// Released in a defer, so that a panic in fn, in an inner step or in a
 	// listener of the acquired event does not leak the lock.
-	defer l.release(ctx, x, key, held.lease, granted)
+	defer l.release(ctx, x, key, held, granted)
 	if observed {
 		e := l.event(EventLockAcquired, key, ctx)
-		e.Wait, e.Token = granted.Sub(start), tokenOf(held.lease)
+		e.Wait, e.Token = granted.Sub(start), tokenOf(lease)
 		x.Emit(e)
 	}
-	if lost, ok := held.lease.(LosableLease); ok && lost.Lost() != nil {
+	if lost, ok := lease.(LosableLease); ok && lost.Lost() != nil {
 		return l.runWatched(ctx, held, x, key, lost, granted, next)
 	}
 	return next.Run(held)
+}
+
+// acquire asks provider for key (keys, for a set) and says how the wait
+// ended: with a lease (endGranted), or with the error the Lock returns
+// (for endFailed, the provider's own, which Run wraps).
+// Whatever it returns without endGranted, nothing is left held.
+func (l *Lock) acquire(ctx context.Context, x policy.Execution, provider LockProvider, key string, keys []string, opts LockAcquireOptions, observed bool, start time.Time) (LockLease, waitEnd, error) {
+	// The keys the execution holds, from the enclosing Locks: none, and
+	// this is the one ctx.Value a Lock makes before it acquires.
+	outer, _ := ctx.Value(heldKey{}).(*heldCtx)
+	if outer != nil {
+		if d := outer.reentered(provider, key, keys); d != nil {
+			return nil, endDeadlock, d
+		}
+	}
+	var lease LockLease
+	var err error
+	if observed {
+		lease, err = l.askObserved(ctx, x, outer, provider, key, keys, opts, start)
+	} else {
+		lease, err = l.ask(ctx, outer, provider, key, keys, opts)
+	}
+	if err != nil {
+		if lease != nil {
+			// Against the contract (an error means nothing is held), but a
+			// lease handed out is given back, not leaked.
+			_ = lease.Release(context.WithoutCancel(ctx))
+		}
+		var d *DeadlockError
+		switch ctxErr := ctx.Err(); {
+		case errors.As(err, &d):
+			return nil, endDeadlock, err
+		case ctxErr != nil && errors.Is(err, ctxErr):
+			return nil, endCancelled, err
+		}
+		return nil, endFailed, err
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		if lease != nil {
+			// The grant landed as the context ended: the call was still
+			// waiting when it was cancelled, so fn must not run, and the
+			// grant goes back.
+			_ = lease.Release(context.WithoutCancel(ctx))
+		}
+		return nil, endCancelled, ctxErr // a provider may report a ctx that ended as "not granted"
+	}
+	if lease == nil {
+		return nil, endRejected, &LockNotAcquiredError{Key: key, Timeout: l.opts.Timeout}
+	}
+	return lease, endGranted, nil
+}
+
+// ask is the provider's answer: Acquire for one key, the set's acquire for
+// keys, reporting the wait to the provider's DeadlockDetector when it has
+// one and the wait holds something (see deadlock_cycle.go). A wait the
+// detector ended returns its *DeadlockError.
+func (l *Lock) ask(ctx context.Context, outer *heldCtx, provider LockProvider, key string, keys []string, opts LockAcquireOptions) (lease LockLease, err error) {
+	if keys == nil && (outer == nil || l.opts.Shared) {
+		// Holds nothing, or waits shared (a shared wait may or may not
+		// block, depending on who else waits): no cycle to watch.
+		return provider.Acquire(ctx, key, opts)
+	}
+	order := []string{key}
+	if keys != nil {
+		order = slices.Sorted(slices.Values(keys))
+	}
+	w := watchCycles(ctx, outer, provider, order)
+	// Deferred, so that an Acquire that panics leaves no node in the graph.
+	defer func() {
+		if d := w.leave(); d != nil && lease == nil && ctx.Err() == nil {
+			err = d // the detector ended this wait to break a cycle
+		}
+	}()
+	var set *SetLease
+	switch {
+	case keys == nil:
+		return provider.Acquire(w.before(0), key, opts)
+	case w.d == nil:
+		set, err = acquireSet(ctx, provider, keys, opts)
+	default:
+		// One key at a time, so that the detector sees each grant.
+		set, err = acquireInOrder(ctx, provider, order, opts, w.before)
+	}
+	if set == nil {
+		return nil, err // not a nil *SetLease in a non-nil LockLease
+	}
+	return set, err
 }
 
 // runWatched runs the inner steps, with held as their parent context, while
@@ -388,7 +430,9 @@ func (l *Lock) runWatched(ctx, held context.Context, x policy.Execution, key str
 
 // release releases lease and emits EventLockReleased; granted is when the
 // lease was granted (zero without listeners).
-func (l *Lock) release(ctx context.Context, x policy.Execution, key string, lease LockLease, granted time.Time) {
+func (l *Lock) release(ctx context.Context, x policy.Execution, key string, held *heldCtx, granted time.Time) {
+	held.released.Store(true)
+	lease := held.lease
 	rctx := ctx
 	if ctx.Done() != nil {
 		// Not ctx: neither the caller's cancel nor its deadline may cut
@@ -435,34 +479,20 @@ func (l *Lock) emitAcquiring(ctx context.Context, x policy.Execution, key string
 // whose provider's Acquire panicked.
 var errProviderPanicked = errors.New("tenace: the lock provider's Acquire panicked: the lock was not acquired")
 
-// acquireObserved is provider.Acquire for a call with listeners. If Acquire
+// askObserved is ask for a call with listeners. If the provider's Acquire
 // panics, the wait every listener has seen begin ends with EventLockFailed
 // (errProviderPanicked) as the panic goes on up, so that a listener pairing
 // the events (a gauge of waiters) stays balanced.
-// actx is the context to acquire with (ctx, or one the cycle detector can
-// end).
-func (l *Lock) acquireObserved(ctx, actx context.Context, x policy.Execution, provider LockProvider, key string, keys []string, opts LockAcquireOptions, start time.Time) (LockLease, error) {
+func (l *Lock) askObserved(ctx context.Context, x policy.Execution, outer *heldCtx, provider LockProvider, key string, keys []string, opts LockAcquireOptions, start time.Time) (LockLease, error) {
 	returned := false
 	defer func() {
 		if !returned {
 			l.emitWaitEnd(ctx, x, EventLockFailed, key, start, errProviderPanicked)
 		}
 	}()
-	lease, err := acquire(actx, provider, key, keys, opts)
+	lease, err := l.ask(ctx, outer, provider, key, keys, opts)
 	returned = true
 	return lease, err
-}
-
-// acquire asks provider for key, or for the set keys when not nil.
-func acquire(ctx context.Context, provider LockProvider, key string, keys []string, opts LockAcquireOptions) (LockLease, error) {
-	if keys == nil {
-		return provider.Acquire(ctx, key, opts)
-	}
-	set, err := AcquireAll(ctx, provider, keys, opts)
-	if set == nil {
-		return nil, err // not a nil *SetLease in a non-nil LockLease
-	}
-	return set, err
 }
 
 // emitWaitEnd emits name, an event that ends the wait begun at start.

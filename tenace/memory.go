@@ -60,7 +60,7 @@ import (
 // DefaultLockProvider(). Its zero value is not usable: its methods panic.
 type MemoryLockProvider struct {
 	group     *shard.Group
-	cycles    *cycleDetector // the wait-for graph of holding waiters (see deadlock_cycle.go)
+	cycles    *DeadlockDetector // the wait-for graph of holding waiters (see deadlock_cycle.go)
 	closed    atomic.Bool
 	isDefault bool
 	timers    sync.Pool // *time.Timer, stopped; per provider, like the shard's waiters
@@ -71,6 +71,8 @@ var (
 	_ MultiLockProvider  = (*MemoryLockProvider)(nil)
 	_ SharedLockProvider = (*MemoryLockProvider)(nil)
 	_ StatsProvider      = (*MemoryLockProvider)(nil)
+
+	_ DeadlockDetectingProvider = (*MemoryLockProvider)(nil)
 )
 
 // MemoryOption configures NewMemoryLockProvider.
@@ -129,7 +131,7 @@ func NewMemoryLockProvider(opts ...MemoryOption) *MemoryLockProvider {
 			OnQueued: cfg.onQueued,
 			Go:       cfg.spawn,
 		}),
-		cycles: newCycleDetector(cfg.spawn),
+		cycles: newDeadlockDetector(cfg.spawn),
 	}
 }
 
@@ -299,13 +301,10 @@ func (p *MemoryLockProvider) wait(ctx context.Context, key string, opts *LockAcq
 // the keys is held, and each is left as if the call had never been made.
 // The lease's keys are in sorted order, each with its own fencing token.
 func (p *MemoryLockProvider) AcquireSet(ctx context.Context, keys []string, opts LockAcquireOptions) (*SetLease, error) {
-	if err := ValidateKeys(keys); err != nil {
+	if err := ValidateSet(keys, opts); err != nil {
 		return nil, err
 	}
-	if opts.Shared || opts.Permits != 0 {
-		return nil, errSharedSet
-	}
-	if (opts.Timeout < 0 && opts.Timeout != NoWait) || opts.TTL < 0 || ctx == nil || p == nil || p.group == nil || p.closed.Load() {
+	if ctx == nil || p == nil || p.group == nil || p.closed.Load() {
 		return nil, p.refuse(ctx, keys[0], &opts)
 	}
 	if err := ctx.Err(); err != nil {
@@ -339,8 +338,10 @@ func (p *MemoryLockProvider) AcquireSet(ctx context.Context, keys []string, opts
 	return NewSetLease(order, leases), nil
 }
 
-// errSharedSet refuses Shared or Permits on a set of keys.
-var errSharedSet = invalidOption("LockAcquireOptions.Shared", true, "a set of keys is taken exclusive: take shared keys one Lock each, in one order")
+// DeadlockDetector returns the provider's detector, which the Lock step
+// reports holding waits to (see DeadlockDetectingProvider): one goroutine
+// beside the shards, stopped by Close.
+func (p *MemoryLockProvider) DeadlockDetector() *DeadlockDetector { return p.cycles }
 
 // SupportsShared reports true: Acquire honours LockAcquireOptions.Shared
 // and Permits (read/write locks and N permits per key; see
@@ -435,7 +436,7 @@ func (p *MemoryLockProvider) Close() error {
 	}
 	p.closed.Store(true)
 	p.group.Stop() // every call waits for the shards to exit, not only the first
-	p.cycles.stop()
+	p.cycles.Close()
 	return nil
 }
 

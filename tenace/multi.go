@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -123,15 +124,15 @@ func releaseAll(ctx context.Context, leases []LockLease) error {
 }
 
 // ValidateKeys checks the keys of a set, for provider authors: an error
-// wrapping ErrMissingKey for an empty set or an empty key, an error
-// wrapping ErrInvalidOption, naming the key, for a key named twice, and nil
-// otherwise.
+// wrapping ErrMissingKey for an empty set or an empty key (naming its
+// index), an error wrapping ErrInvalidOption, naming the key, for a key
+// named twice, and nil otherwise. ValidateSet checks the options too.
 func ValidateKeys(keys []string) error {
 	if len(keys) == 0 {
-		return ErrMissingKey
+		return errEmptySet
 	}
-	if slices.Contains(keys, "") {
-		return ErrMissingKey
+	if i := slices.Index(keys, ""); i >= 0 {
+		return emptySetKeyError(i)
 	}
 	// A map only for large sets: for a few keys, comparing each with those
 	// before it is cheaper than hashing them.
@@ -153,6 +154,21 @@ func ValidateKeys(keys []string) error {
 	return nil
 }
 
+// errEmptySet is ValidateKeys's error for a set of no keys.
+var errEmptySet error = setKeyError{msg: "tenace: the set of keys is empty: name at least one key"}
+
+// emptySetKeyError is ValidateKeys's error for an empty key: i is its index.
+func emptySetKeyError(i int) error {
+	return setKeyError{msg: "tenace: keys[" + strconv.Itoa(i) + "] of the set is empty; name every key of the set"}
+}
+
+// setKeyError is a set's missing key: errors.Is(err, ErrMissingKey) holds,
+// and the message says which.
+type setKeyError struct{ msg string }
+
+func (e setKeyError) Error() string        { return e.msg }
+func (e setKeyError) Is(target error) bool { return target == ErrMissingKey }
+
 // AcquireAll acquires every key of keys from p, all or none, and returns
 // their lease.
 //
@@ -161,7 +177,8 @@ func ValidateKeys(keys []string) error {
 // within opts.Timeout, which bounds the whole set (NoWait: each key is
 // tried once); (nil, ctx's error) when ctx ended first; (nil, err) when the
 // provider failed; ErrMissingKey or an error wrapping ErrInvalidOption for
-// bad input (see ValidateKeys and ValidateAcquire). Whenever it returns no
+// bad input (see ValidateSet), whatever p is: a shared set is refused here,
+// also from a provider that would take its keys shared one by one. Whenever it returns no
 // lease, none of the keys is held: what was granted before the give-up is
 // released before it returns (on the memory provider, in the same instant as
 // a single key's give-up).
@@ -178,24 +195,29 @@ func ValidateKeys(keys []string) error {
 // the ones it was granted while it waits for the next, as any ordered
 // acquire does.
 func AcquireAll(ctx context.Context, p LockProvider, keys []string, opts LockAcquireOptions) (*SetLease, error) {
-	if err := ValidateKeys(keys); err != nil {
-		return nil, err
-	}
-	if err := ValidateAcquire(keys[0], opts); err != nil {
+	if err := ValidateSet(keys, opts); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	return acquireSet(ctx, p, keys, opts)
+}
+
+// acquireSet is AcquireAll once keys and opts are valid.
+func acquireSet(ctx context.Context, p LockProvider, keys []string, opts LockAcquireOptions) (*SetLease, error) {
 	if mp, ok := p.(MultiLockProvider); ok {
 		return mp.AcquireSet(ctx, keys, opts)
 	}
-	return acquireInOrder(ctx, p, slices.Sorted(slices.Values(keys)), opts)
+	return acquireInOrder(ctx, p, slices.Sorted(slices.Values(keys)), opts, nil)
 }
 
 // acquireInOrder is AcquireAll's generic path: keys one at a time, in the
 // order given, releasing what was granted on any failure, give-up or panic.
-func acquireInOrder(ctx context.Context, p LockProvider, keys []string, opts LockAcquireOptions) (lease *SetLease, err error) {
+// before, when not nil, is called before each key with the number of keys
+// granted so far, and returns the context to acquire that key with (see
+// cycleWatch.before); nil acquires every key with ctx.
+func acquireInOrder(ctx context.Context, p LockProvider, keys []string, opts LockAcquireOptions, before func(granted int) context.Context) (lease *SetLease, err error) {
 	leases := make([]LockLease, 0, len(keys))
 	defer func() {
 		if lease == nil {
@@ -211,14 +233,18 @@ func acquireInOrder(ctx context.Context, p LockProvider, keys []string, opts Loc
 	if opts.Timeout > 0 {
 		end = clock.Now().Add(opts.Timeout)
 	}
-	for _, key := range keys {
+	for i, key := range keys {
 		o := opts
 		if opts.Timeout > 0 {
 			if o.Timeout = end.Sub(clock.Now()); o.Timeout <= 0 {
 				o.Timeout = NoWait
 			}
 		}
-		l, err := p.Acquire(ctx, key, o)
+		actx := ctx
+		if before != nil {
+			actx = before(i)
+		}
+		l, err := p.Acquire(actx, key, o)
 		if err != nil || l == nil {
 			if l != nil {
 				leases = append(leases, l) // against the contract: given back

@@ -49,6 +49,27 @@ func TestAcquireAllBadInput(t *testing.T) {
 	}
 }
 
+// A set is taken exclusive, whatever path AcquireAll takes: Shared or
+// Permits is an option error, through a one-method wrapper (the generic
+// path, whose provider would take each key shared) as on the provider, and
+// nothing is asked for. The messages name the key that is empty.
+func TestAcquireAllRefusesASharedSet(t *testing.T) {
+	for name, p := range setProviders(t) {
+		t.Run(name, func(t *testing.T) {
+			for _, opts := range []tenace.LockAcquireOptions{{Shared: true}, {Shared: true, Permits: 2}, {Permits: 2}} {
+				l, err := tenace.AcquireAll(bg, p, []string{"a", "b"}, opts)
+				require.ErrorIs(t, err, tenace.ErrInvalidOption, "%+v", opts)
+				require.ErrorContains(t, err, "a set of keys is taken exclusive")
+				require.Nil(t, l)
+				require.Zero(t, size(p))
+			}
+			_, err := tenace.AcquireAll(bg, p, []string{"a", ""}, tenace.LockAcquireOptions{})
+			require.ErrorIs(t, err, tenace.ErrMissingKey)
+			require.ErrorContains(t, err, "keys[1] of the set is empty")
+		})
+	}
+}
+
 // A set is granted all or none: while one of its keys is held, it takes
 // none of them — neither on a timeout, nor with NoWait, nor when its ctx
 // ends — and once the key is free, it takes them all.

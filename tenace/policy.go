@@ -32,11 +32,12 @@ type Strategy = policy.Strategy
 // or a bulkhead's waits and holds apart from writers'.
 //
 // A Lock emits EventLockAcquiring once it starts to wait, then exactly one
-// of EventLockAcquired, EventLockRejected, EventLockCancelled or
-// EventLockFailed, which end the wait and carry its length (Wait); after
-// EventLockAcquired come EventLockLost (possibly) and EventLockReleased. So a
-// listener can count the callers waiting now (+1 on acquiring, −1 on the
-// four that end a wait) and time waits and holds without clocks of its own.
+// of EventLockAcquired, EventLockRejected, EventLockDeadlock,
+// EventLockCancelled or EventLockFailed, which end the wait and carry its
+// length (Wait); after EventLockAcquired come EventLockLost (possibly) and
+// EventLockReleased. So a listener can count the callers waiting now (+1 on
+// acquiring, −1 on the five that end a wait) and time waits and holds
+// without clocks of its own.
 // A call the Lock refuses before it waits (no key, one of its options out
 // of range, ctx already ended) emits nothing.
 const (
@@ -49,6 +50,11 @@ const (
 	// EventLockRejected: the lock was not acquired within its Timeout (or at
 	// once with NoWait). Wait; Err: the *LockNotAcquiredError returned.
 	EventLockRejected = "lock.rejected"
+	// EventLockDeadlock: waiting would never end, so the Lock did not wait:
+	// its execution already holds the key, or its wait closed a cycle of
+	// waits between executions (see DeadlockError). A programming error,
+	// not contention. Wait; Err: the *DeadlockError returned.
+	EventLockDeadlock = "lock.deadlock"
 	// EventLockCancelled: the context ended while the call waited (also when
 	// the grant landed at that moment and was given back). Wait; Err: the
 	// context's error, which the call returns.

@@ -93,20 +93,53 @@ type FencedLease interface {
 // ValidateAcquire checks the arguments of a LockProvider.Acquire, for
 // provider authors: it returns an error wrapping ErrMissingKey for an empty
 // key, an error wrapping ErrInvalidOption (naming the option and what to use
-// instead) for a Timeout below zero other than NoWait or a negative TTL, and
-// nil otherwise. Every provider in this module calls it first, so that they
-// all refuse the same input with the same errors.
+// instead) for a Timeout below zero other than NoWait, a negative TTL, or
+// Permits out of range or without Shared, in that order, and nil otherwise.
+// Every provider in this module calls it first, and the Lock step applies
+// the same rules to LockOptions, so that they all refuse the same input
+// with the same errors.
 func ValidateAcquire(key string, opts LockAcquireOptions) error {
-	if key == "" {
+	return checkAcquire("LockAcquireOptions", key, nil, opts.Timeout, opts.TTL, opts.Shared, opts.Permits)
+}
+
+// ValidateSet checks the arguments of a MultiLockProvider.AcquireSet (and
+// of AcquireAll, which calls it), for provider authors: the keys as
+// ValidateKeys does, then an error wrapping ErrInvalidOption for Shared or
+// Permits (a set is taken exclusive), then the options as ValidateAcquire
+// does; nil when all are valid.
+func ValidateSet(keys []string, opts LockAcquireOptions) error {
+	if keys == nil {
+		keys = []string{} // a set, though an empty one
+	}
+	return checkAcquire("LockAcquireOptions", "", keys, opts.Timeout, opts.TTL, opts.Shared, opts.Permits)
+}
+
+// checkAcquire is the one home of the acquire rules: ValidateAcquire's and
+// ValidateSet's, and the Lock step's, whose options what names. keys not
+// nil is a set, and key is then unused. The order is the precedence: what
+// is locked (the key or the keys, a set not shared), then how.
+func checkAcquire(what, key string, keys []string, timeout, ttl time.Duration, shared bool, permits int) error {
+	if keys != nil {
+		if err := ValidateKeys(keys); err != nil {
+			return err
+		}
+		const exclusive = "a set of keys is taken exclusive; take shared keys one Lock each, in one order"
+		if shared {
+			return invalidOption(what+".Shared", true, exclusive)
+		}
+		if permits != 0 {
+			return invalidOption(what+".Permits", permits, exclusive)
+		}
+	} else if key == "" {
 		return ErrMissingKey
 	}
-	if opts.Timeout < 0 && opts.Timeout != NoWait {
-		return invalidOption("LockAcquireOptions.Timeout", opts.Timeout, "use a positive duration, 0 to wait as long as ctx allows, or NoWait")
+	if timeout < 0 && timeout != NoWait {
+		return invalidOption(what+".Timeout", timeout, "use a positive duration, 0 to wait as long as the context allows, or NoWait")
 	}
-	if opts.TTL < 0 {
-		return invalidOption("LockAcquireOptions.TTL", opts.TTL, "use a positive duration, or 0 for the provider's default")
+	if ttl < 0 {
+		return invalidOption(what+".TTL", ttl, "use a positive duration, or 0 for the provider's default")
 	}
-	return validatePermits("LockAcquireOptions", opts.Shared, opts.Permits)
+	return validatePermits(what, shared, permits)
 }
 
 // maxPermits is the largest permit count: the in-process table keeps it

@@ -20,18 +20,19 @@ import (
 //	token   uint64    the fencing token, when the lease has one
 //	err     error     Event.Err, when set
 //
-// Levels: lock.rejected, lock.lost, lock.failed, timeout and a
-// lock.released whose Release failed are logged at Warn — each means work
-// did not run, was cut short, or ran without its lock for a while; every
-// other event at Debug. The event's Context goes to the handler, so a
+// Levels: lock.deadlock is logged at Error — a programming error (nested
+// locks on one key, or taken in orders that cross), not contention;
+// lock.rejected, lock.lost, lock.failed, timeout and a lock.released whose
+// Release failed at Warn — each means work did not run, was cut short, or
+// ran without its lock for a while; every other event at Debug. The event's Context goes to the handler, so a
 // handler that adds a trace id from the context does so. Nothing is built
 // for a level the logger does not enable.
 //
 // The keys can hold what your keys hold (customer ids, say): give a logger
 // whose handler drops or hashes "key" if they must not reach the logs — and
 // "err", or rewrites it: the errors of lock.rejected
-// (*LockNotAcquiredError) and timeout (*TimeoutError) name the key in their
-// message, and a provider's error may.
+// (*LockNotAcquiredError), lock.deadlock (*DeadlockError) and timeout
+// (*TimeoutError) name the key in their message, and a provider's error may.
 func LogEvents(logger *slog.Logger) func(Event) {
 	if logger == nil {
 		logger = slog.Default()
@@ -55,7 +56,7 @@ func LogEvents(logger *slog.Logger) func(Event) {
 			}
 		}
 		switch e.Name {
-		case EventLockAcquired, EventLockRejected, EventLockCancelled, EventLockFailed:
+		case EventLockAcquired, EventLockRejected, EventLockDeadlock, EventLockCancelled, EventLockFailed:
 			attrs = append(attrs, slog.Duration("wait", e.Wait))
 		case EventLockReleased, EventLockLost:
 			attrs = append(attrs, slog.Duration("hold", e.Hold))
@@ -73,6 +74,8 @@ func LogEvents(logger *slog.Logger) func(Event) {
 // eventLevel is the level LogEvents logs e at.
 func eventLevel(e Event) slog.Level {
 	switch e.Name {
+	case EventLockDeadlock:
+		return slog.LevelError
 	case EventLockRejected, EventLockLost, EventLockFailed, EventTimeout:
 		return slog.LevelWarn
 	case EventLockReleased:

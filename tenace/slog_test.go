@@ -98,6 +98,23 @@ func TestLogEventsLogsLossesFailuresAndFailedReleasesAtWarn(t *testing.T) {
 	}
 }
 
+// A deadlock is logged at Error, apart from contention: the wait it ended
+// and the *DeadlockError, which names the key.
+func TestLogEventsLogsADeadlockAtError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := tenace.NewMemoryLockProvider()
+		defer p.Close()
+		var buf bytes.Buffer
+		logger := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelError}))
+		pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"}).OnEvent(tenace.LogEvents(logger))
+		var d *tenace.DeadlockError
+		require.ErrorAs(t, pol.Execute(bg, func(ctx context.Context) error { return pol.Execute(ctx, noop) }), &d)
+		require.Equal(t, []map[string]any{
+			{"level": "ERROR", "msg": "lock.deadlock", "key": "k", "wait": 0.0, "err": d.Error()},
+		}, logLines(t, &buf))
+	})
+}
+
 // ctxHandler is a real slog handler that adds what it finds in the record's
 // context, as a handler adding trace ids does.
 type ctxHandler struct{ slog.Handler }

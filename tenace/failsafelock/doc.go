@@ -44,6 +44,12 @@
 //	                              the execution's, unchanged
 //	not granted within Timeout    *tenace.LockNotAcquiredError; fn does not
 //	(at once with tenace.NoWait)  run; OnRejected
+//	waiting would never end       *tenace.DeadlockError, at once: the
+//	                              execution holds the key already (a Lock
+//	                              nested in one on the same key), or its
+//	                              wait closed a cycle between executions
+//	                              (tenace.MemoryLockProvider); fn does not
+//	                              run; OnDeadlock
 //	the context ends first        what failsafe-go returns for a cancelled
 //	(an outer Timeout fires, the  execution: timeout.ErrExceeded, or the
 //	executor's context ends)      context's error; fn does not run, and a
@@ -109,7 +115,8 @@
 //   - Hedges each acquire the lock: under a lock on one key a hedge waits
 //     for the attempt it hedges.
 //   - Locks are not reentrant (see tenace.Lock): a Lock inside another on
-//     the same key waits for itself. Give nested locks distinct keys.
+//     the same key and provider gets a *tenace.DeadlockError at once,
+//     without asking the provider. Give nested locks distinct keys.
 //   - fn's context ends when the lock is released (with a provider whose
 //     leases can be lost, such as redislock): finish with it inside fn —
 //     read an HTTP response's body there, not after the execution returns

@@ -77,6 +77,8 @@ func (e *executor[R]) pipelineFor(exec policy.ExecutionInternal[R]) tenace.Polic
 			call(e.config.onAcquired, exec, nil)
 		case tenace.EventLockRejected:
 			call(e.config.onRejected, exec, failure[R](ev.Err))
+		case tenace.EventLockDeadlock:
+			call(e.config.onDeadlock, exec, failure[R](ev.Err))
 		case tenace.EventLockReleased:
 			call(e.config.onReleased, exec, nil)
 		}

@@ -501,3 +501,36 @@ func TestBuildCopies(t *testing.T) {
 	_, isBuilder := any(lock).(failsafelock.Builder[string])
 	require.False(t, isBuilder)
 }
+
+// A Lock nested in another on the same key gets a *tenace.DeadlockError at
+// once (it would wait for itself): OnDeadlock sees it, OnRejected does
+// not, and the inner fn does not run.
+func TestNestedLockOnTheSameKeyIsADeadlock(t *testing.T) {
+	p := newMemory(t)
+	var deadlocks, rejected int
+	events := []string{}
+	inner := failsafelock.NewBuilder[string](tenace.LockOptions{Provider: p, Key: "k"}).
+		OnDeadlock(func(e failsafe.ExecutionEvent[string]) {
+			deadlocks++
+			var d *tenace.DeadlockError
+			require.ErrorAs(t, e.LastError(), &d)
+			require.Equal(t, "k", d.Key)
+		}).
+		OnRejected(func(failsafe.ExecutionEvent[string]) { rejected++ }).
+		OnEvent(func(e tenace.Event) { events = append(events, e.Name) }).
+		Build()
+	outer := failsafelock.New[string](tenace.LockOptions{Provider: p, Key: "k"})
+	ran := false
+	_, err := failsafe.With(outer).GetWithExecution(func(exec failsafe.Execution[string]) (string, error) {
+		return failsafe.With(inner).WithContext(exec.Context()).Get(func() (string, error) {
+			ran = true
+			return "", nil
+		})
+	})
+	var d *tenace.DeadlockError
+	require.ErrorAs(t, err, &d)
+	require.False(t, ran)
+	require.Equal(t, [2]int{1, 0}, [2]int{deadlocks, rejected})
+	require.Equal(t, []string{tenace.EventLockAcquiring, tenace.EventLockDeadlock}, events)
+	requireFree(t, p, "k")
+}

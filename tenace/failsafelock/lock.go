@@ -49,13 +49,21 @@ type Builder[R any] interface {
 	// LastError is the *tenace.LockNotAcquiredError the execution returns.
 	OnRejected(listener func(failsafe.ExecutionEvent[R])) Builder[R]
 
+	// OnDeadlock registers a listener called when the execution did not
+	// wait because waiting would never end: it already holds the key
+	// (a Lock nested in another on the same key), or its wait closed a
+	// cycle of waits between executions (see tenace.DeadlockError). The
+	// event's LastError is the *tenace.DeadlockError the execution returns.
+	// A programming error, not contention: OnRejected is not called.
+	OnDeadlock(listener func(failsafe.ExecutionEvent[R])) Builder[R]
+
 	// OnReleased registers a listener called once the policies inside the
 	// Lock have returned and the lock was released.
 	OnReleased(listener func(failsafe.ExecutionEvent[R])) Builder[R]
 
 	// OnEvent adds a listener of tenace's own lock events (tenace.Event:
-	// lock.acquiring, lock.acquired, lock.rejected, lock.cancelled,
-	// lock.failed, lock.lost, lock.released, with the wait, the hold, the
+	// lock.acquiring, lock.acquired, lock.rejected, lock.deadlock,
+	// lock.cancelled, lock.failed, lock.lost, lock.released, with the wait, the hold, the
 	// fencing token and the error), as tenace.Policy.OnEvent does: for
 	// tenace.LogEvents, or the Listen method of an oteltenace.Telemetry.
 	// Listeners are called in the order added, synchronously, except
@@ -93,6 +101,7 @@ type config[R any] struct {
 	keyFunc    func(context.Context) string // nil: KeyFrom
 	onAcquired func(failsafe.ExecutionEvent[R])
 	onRejected func(failsafe.ExecutionEvent[R])
+	onDeadlock func(failsafe.ExecutionEvent[R])
 	onReleased func(failsafe.ExecutionEvent[R])
 	onEvent    []func(tenace.Event)
 }
@@ -114,6 +123,11 @@ func (c *config[R]) OnAcquired(listener func(failsafe.ExecutionEvent[R])) Builde
 
 func (c *config[R]) OnRejected(listener func(failsafe.ExecutionEvent[R])) Builder[R] {
 	c.onRejected = listener
+	return c
+}
+
+func (c *config[R]) OnDeadlock(listener func(failsafe.ExecutionEvent[R])) Builder[R] {
+	c.onDeadlock = listener
 	return c
 }
 
@@ -144,7 +158,7 @@ func (c *config[R]) Build() Lock[R] {
 	for _, fn := range l.config.onEvent {
 		l.pipeline = l.pipeline.OnEvent(fn)
 	}
-	l.execListeners = c.onAcquired != nil || c.onRejected != nil || c.onReleased != nil
+	l.execListeners = c.onAcquired != nil || c.onRejected != nil || c.onDeadlock != nil || c.onReleased != nil
 	return l
 }
 
@@ -154,7 +168,7 @@ func (c *config[R]) Build() Lock[R] {
 type lock[R any] struct {
 	config        config[R]
 	pipeline      tenace.Policy // the Lock step and the OnEvent listeners
-	execListeners bool          // OnAcquired, OnRejected or OnReleased is set
+	execListeners bool          // OnAcquired, OnRejected, OnDeadlock or OnReleased is set
 }
 
 // ToExecutor implements failsafe.Policy.

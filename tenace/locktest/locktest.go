@@ -145,6 +145,7 @@ func Run(t *testing.T, newProvider func(t *testing.T) tenace.LockProvider, caps 
 		{"SetBadInput", s.setBadInput, true},
 		{"SetAllOrNothing", s.setAllOrNothing, true},
 		{"SetExclusion", s.setExclusion, true},
+		{"SetPathsAgree", s.setPathsAgree, true},
 		{"FIFO", s.fifo, caps.FIFO},
 		{"ExactStats", s.exactStats, caps.ExactStats},
 		{"FencingTokens", s.fencing, caps.Fencing},

@@ -42,6 +42,79 @@ func (s *suite) setBadInput(t *testing.T) {
 	s.assertFree(t, p, k[0], "after refused sets")
 }
 
+// setPathsAgree: tenace.AcquireAll gives the same outcome through the
+// provider itself (its AcquireSet, when it has one) and through a plain
+// wrapper that hides everything but Acquire (AcquireAll's generic path),
+// over a table of inputs: good sets, free and held, and each kind of bad
+// input, a shared set among them. Nothing is left held either way.
+func (s *suite) setPathsAgree(t *testing.T) {
+	p := s.newProvider(t)
+	plain := struct{ tenace.LockProvider }{p}
+	k := s.keySet(t, 3)
+	outcome := func(l *tenace.SetLease, err error) string {
+		switch {
+		case l != nil && err == nil:
+			return "granted"
+		case l != nil:
+			return fmt.Sprintf("a lease and the error %v", err)
+		case err == nil:
+			return "not granted"
+		case errors.Is(err, tenace.ErrMissingKey):
+			return "ErrMissingKey"
+		case errors.Is(err, tenace.ErrInvalidOption):
+			return "ErrInvalidOption"
+		}
+		return fmt.Sprintf("the error %v", err)
+	}
+	noWait := tenace.LockAcquireOptions{Timeout: tenace.NoWait}
+	for _, tc := range []struct {
+		name string
+		keys []string
+		opts tenace.LockAcquireOptions
+		held bool // k[1] is held by another caller
+		want string
+	}{
+		{"free", []string{k[2], k[0]}, noWait, false, "granted"},
+		{"one key held", []string{k[2], k[1], k[0]}, noWait, true, "not granted"},
+		{"one key held, with a Timeout", []string{k[1], k[0]}, tenace.LockAcquireOptions{Timeout: 50 * time.Millisecond}, true, "not granted"},
+		{"no keys", nil, noWait, false, "ErrMissingKey"},
+		{"an empty key", []string{k[0], ""}, noWait, false, "ErrMissingKey"},
+		{"a key named twice", []string{k[0], k[2], k[0]}, noWait, false, "ErrInvalidOption"},
+		{"shared", []string{k[0], k[2]}, tenace.LockAcquireOptions{Timeout: tenace.NoWait, Shared: true}, false, "ErrInvalidOption"},
+		{"shared, with permits", []string{k[0], k[2]}, tenace.LockAcquireOptions{Timeout: tenace.NoWait, Shared: true, Permits: 2}, false, "ErrInvalidOption"},
+		{"permits", []string{k[0], k[2]}, tenace.LockAcquireOptions{Timeout: tenace.NoWait, Permits: 2}, false, "ErrInvalidOption"},
+		{"negative Timeout", []string{k[0], k[2]}, tenace.LockAcquireOptions{Timeout: -2 * time.Second}, false, "ErrInvalidOption"},
+		{"negative TTL", []string{k[0], k[2]}, tenace.LockAcquireOptions{Timeout: tenace.NoWait, TTL: -time.Second}, false, "ErrInvalidOption"},
+		{"an empty key and shared", []string{"", k[0]}, tenace.LockAcquireOptions{Shared: true}, false, "ErrMissingKey"},
+	} {
+		var holder tenace.LockLease
+		if tc.held {
+			holder = s.mustAcquire(t, p, k[1], tenace.LockAcquireOptions{})
+		}
+		var got [2]string
+		for i, via := range []tenace.LockProvider{p, plain} {
+			l, err := tenace.AcquireAll(s.ctx(t), via, tc.keys, tc.opts)
+			got[i] = outcome(l, err)
+			if l != nil {
+				if err := l.Release(s.ctx(t)); err != nil {
+					t.Fatalf("%s: Release: %v", tc.name, err)
+				}
+			}
+		}
+		if got[0] != got[1] || got[0] != tc.want {
+			t.Errorf("%s: AcquireAll(%q, %+v): through the provider %s, through a plain wrapper %s; want %s", tc.name, tc.keys, tc.opts, got[0], got[1], tc.want)
+		}
+		if holder != nil {
+			if err := holder.Release(s.ctx(t)); err != nil {
+				t.Fatalf("%s: Release: %v", tc.name, err)
+			}
+		}
+		for _, key := range k {
+			s.assertFree(t, p, key, tc.name)
+		}
+	}
+}
+
 // setAllOrNothing: while the middle key of a set is held, the set takes
 // none of its keys — on a Timeout, with NoWait, when its ctx ends — and once
 // it is free, all of them, one lease per key.

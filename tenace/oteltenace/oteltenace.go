@@ -41,8 +41,9 @@
 // so that a series is never the sum of both modes by accident.
 //
 // tenace.lock.outcome is acquired, rejected (not granted within the Lock's
-// Timeout), cancelled (the caller's context ended first) or failed (the
-// provider failed). Both histograms advise bucket boundaries from 1 µs to
+// Timeout), deadlock (waiting would never end: a *tenace.DeadlockError, a
+// programming error rather than contention), cancelled (the caller's
+// context ended first) or failed (the provider failed). Both histograms advise bucket boundaries from 1 µs to
 // 5 minutes ([DurationBuckets]); a view can replace them. With
 // [WithLockKey], every measurement of the tenace.lock. metrics also carries
 // tenace.lock.key (tenace.timeouts never does: a timeout has no lock); it is
@@ -95,7 +96,7 @@ const ScopeName = "tenace.dev/tenace/oteltenace"
 // Attribute keys.
 const (
 	// OutcomeKey is how a wait for a lock ended: acquired, rejected,
-	// cancelled or failed.
+	// deadlock, cancelled or failed.
 	OutcomeKey = attribute.Key("tenace.lock.outcome")
 	// ModeKey is the Lock's mode, exclusive or shared (LockOptions.Shared;
 	// tenace.Event.Shared), on every measurement of the tenace.lock.
@@ -236,12 +237,13 @@ type outcome int
 const (
 	outcomeAcquired outcome = iota
 	outcomeRejected
+	outcomeDeadlock
 	outcomeCancelled
 	outcomeFailed
 	numOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{"acquired", "rejected", "cancelled", "failed"}
+var outcomeNames = [numOutcomes]string{"acquired", "rejected", "deadlock", "cancelled", "failed"}
 
 // mode indexes Telemetry.plain and byOutcome: a lock event's Shared.
 type mode int
@@ -372,6 +374,8 @@ func (t *Telemetry) Listen(e tenace.Event) {
 		t.waitEnded(ctx, e, outcomeAcquired)
 	case tenace.EventLockRejected:
 		t.waitEnded(ctx, e, outcomeRejected)
+	case tenace.EventLockDeadlock:
+		t.waitEnded(ctx, e, outcomeDeadlock)
 	case tenace.EventLockCancelled:
 		t.waitEnded(ctx, e, outcomeCancelled)
 	case tenace.EventLockFailed:
@@ -439,7 +443,7 @@ func (t *Telemetry) spanEvent(ctx context.Context, e tenace.Event) {
 		}
 	}
 	switch e.Name {
-	case tenace.EventLockAcquired, tenace.EventLockRejected, tenace.EventLockCancelled, tenace.EventLockFailed:
+	case tenace.EventLockAcquired, tenace.EventLockRejected, tenace.EventLockDeadlock, tenace.EventLockCancelled, tenace.EventLockFailed:
 		attrs = append(attrs, WaitKey.Float64(e.Wait.Seconds()))
 	case tenace.EventLockReleased, tenace.EventLockLost:
 		attrs = append(attrs, HoldKey.Float64(e.Hold.Seconds()))

@@ -327,3 +327,26 @@ func TestObserveStatsReadsTheProviderAtEachCollection(t *testing.T) {
 	m = s.collect(t)
 	require.NotContains(t, m, "tenace.provider.held", "unregistered: no more readings")
 }
+
+// A deadlock is its own outcome, apart from contention (rejected): its
+// wait is counted and timed under outcome deadlock, and the span has its
+// event.
+func TestDeadlockIsItsOwnOutcome(t *testing.T) {
+	s := newSDK(t)
+	tel := s.telemetry()
+	p := tenace.NewMemoryLockProvider()
+	defer p.Close()
+	pol := tel.Instrument(tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"}))
+	var d *tenace.DeadlockError
+	require.ErrorAs(t, pol.Execute(bg, func(ctx context.Context) error { return pol.Execute(ctx, noop) }), &d)
+
+	m := s.collect(t)
+	require.Equal(t, int64(1), sum(t, m["tenace.lock.acquisitions"], outcome("deadlock")))
+	require.Equal(t, int64(1), sum(t, m["tenace.lock.acquisitions"], outcome("acquired")))
+	require.Equal(t, uint64(1), histogram(t, m["tenace.lock.wait.duration"], outcome("deadlock")).Count)
+	require.Len(t, m["tenace.lock.acquisitions"].Data.(metricdata.Sum[int64]).DataPoints, 2, "no rejected outcome")
+	require.Equal(t, int64(0), sum(t, m["tenace.lock.waiting"], exclusive))
+	spans := s.spans.Ended()
+	require.Len(t, spans, 2)
+	require.Equal(t, []string{"lock.acquiring", "lock.deadlock"}, eventNames(spans[0]), "the inner call's span")
+}

@@ -2,7 +2,6 @@ package pglock
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 
@@ -44,14 +43,8 @@ func (p *Provider) AcquireSet(ctx context.Context, keys []string, opts tenace.Lo
 	if ctx == nil {
 		panic("tenace: pglock.Provider.AcquireSet: nil context: pass context.Background() or the caller's context")
 	}
-	if err := tenace.ValidateKeys(keys); err != nil {
+	if err := tenace.ValidateSet(keys, opts); err != nil {
 		return nil, err
-	}
-	if err := tenace.ValidateAcquire(keys[0], opts); err != nil {
-		return nil, err
-	}
-	if opts.Shared {
-		return nil, fmt.Errorf("%w: LockAcquireOptions.Shared: a set of keys is taken exclusive; take shared keys one Acquire each, in one order", tenace.ErrInvalidOption)
 	}
 	sorted := slices.Sorted(slices.Values(keys))
 	l, err := p.acquire(&call{p: p, ctx: ctx, key: sorted[0], keys: sorted, opts: opts})

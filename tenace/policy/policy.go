@@ -90,7 +90,7 @@ type Event struct {
 	Context context.Context
 	// Wait is how long the acquire waited, on the execution's clock: set by
 	// the events that end a wait (lock.acquired, lock.rejected,
-	// lock.cancelled, lock.failed).
+	// lock.deadlock, lock.cancelled, lock.failed).
 	Wait time.Duration
 	// Hold is how long the lock was held, from its grant, on the execution's
 	// clock: set by lock.released (up to the moment the release returned)
@@ -101,9 +101,9 @@ type Event struct {
 	// the providers in this repository start their tokens at 1.
 	Token uint64
 	// Err is the error the event is about: the error the step returns
-	// (lock.rejected, lock.cancelled, timeout), the provider's error
-	// (lock.failed), why the lease was lost (lock.lost), or what Release
-	// returned (lock.released; nil when it succeeded).
+	// (lock.rejected, lock.deadlock, lock.cancelled, timeout), the
+	// provider's error (lock.failed), why the lease was lost (lock.lost), or
+	// what Release returned (lock.released; nil when it succeeded).
 	Err error
 }
 

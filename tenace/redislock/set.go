@@ -18,9 +18,6 @@ import (
 
 var _ tenace.MultiLockProvider = (*Provider)(nil)
 
-// errSharedSet refuses LockAcquireOptions.Shared on a set of keys.
-var errSharedSet = fmt.Errorf("%w: LockAcquireOptions.Shared: a set of keys is taken exclusive; take shared keys one Acquire each, in one order", tenace.ErrInvalidOption)
-
 // setScript: for each key i of the set (1-based), KEYS[3i-2] its lock,
 // KEYS[3i-1] its fencing counter, KEYS[3i] the void marker of its token;
 // ARGV[1] the first expiry in ms, ARGV[1+i] key i's token.
@@ -109,14 +106,11 @@ func (p *Provider) AcquireSet(ctx context.Context, keys []string, opts tenace.Lo
 	if ctx == nil {
 		panic("tenace: redislock.Provider.AcquireSet: nil context: pass context.Background() or the caller's context")
 	}
-	if err := tenace.ValidateKeys(keys); err != nil {
+	if err := tenace.ValidateSet(keys, opts); err != nil {
 		return nil, err
 	}
 	if err := validate(keys[0], opts); err != nil {
 		return nil, err
-	}
-	if opts.Shared {
-		return nil, errSharedSet
 	}
 	if !p.oneSlot(keys) {
 		// The generic path, on this provider seen as a plain LockProvider
