@@ -404,6 +404,14 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 				c.retry = true
 				continue
 			}
+			if got != nil {
+				// A set's keys locked so far are unlocked before the
+				// verdict (pg_advisory_unlock_all, which drops a grant
+				// that raced the timeout too): the caller that hears
+				// "held" holds nothing.
+				c.giveBack(conn, got)
+				return nil, false, nil
+			}
 			if c.early != nil {
 				// The verdict goes to Acquire now; the drop's round trip
 				// runs after it, on the worker (see runBounded). The

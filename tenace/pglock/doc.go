@@ -130,7 +130,8 @@
 // round trip, run after Acquire has its answer, on the connection the call
 // still holds (its slot is free for the caller's next Acquire, which waits
 // in the pool for that connection): for that round trip, a grant that
-// raced the timeout is still held. When the wait goes on instead (see
+// raced the timeout is still held (a set unlocks everything its session
+// holds before it answers instead). When the wait goes on instead (see
 // below), the next statement counts such a grant as granted. The wait on the server's queue is therefore up to 50 ms
 // shorter than the Timeout. Acquire returns within the Timeout and 30 ms
 // whatever the server does: if no answer has come by then — a stalled or
