@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -173,7 +174,7 @@ func (p *Provider) acquire(c *call) (tenace.LockLease, error) {
 // Timeout, with a context that ends cancelGrace later (see runBounded).
 //
 // Concurrency: every field but state, phase, gated, listening, told,
-// retry and freed is set before run starts and read-only after. run alone
+// retry, step and freed is set before run starts and read-only after. run alone
 // writes phase and those. state is the hand-off of a
 // grant between the worker and the Acquire that may leave it: the worker
 // claims the grant (callClaimed) before it makes a lease, Acquire abandons
@@ -203,6 +204,7 @@ type call struct {
 	early chan<- outcome
 	told  bool
 	retry bool // the last statement's wait ended by lock_timeout, with time left (see lock)
+	step  bool // the last statement's bound was maxLockTimeout, a step of a longer Timeout
 	freed bool // lock gave the connection slot back before it returned
 	state atomic.Int32
 	phase atomic.Int32 // what the server was last asked, for the error
@@ -386,8 +388,22 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 				return l, false, err
 			}
 			if c.mode() == modePermit {
-				c.giveBack(conn, got)
-				return nil, false, nil
+				if !c.step {
+					c.giveBack(conn, got)
+					return nil, false, nil
+				}
+				// A step of a longer wait: its session may hold the gate,
+				// and is ended (see giveBack); the wait starts again on
+				// another connection.
+				discard(conn)
+				c.gated, c.listening = false, false
+				c.phase.Store(phaseConnecting)
+				var err error
+				if conn, err = c.p.pool.Acquire(c.wctx); err != nil {
+					l, err := c.failed(fmt.Errorf("pglock: acquiring %s: reconnecting for the next step of a long wait: %w", keyfmt.Quote(key), err), false)
+					return l, false, err
+				}
+				continue
 			}
 			if c.bounded && time.Until(c.deadline) > verdictLead/3 {
 				// The server's bound ends up to verdictLead before the
@@ -576,7 +592,9 @@ func (c *call) statement(key string) (string, []any) {
 		kind = waitNone
 	case c.bounded:
 		kind = waitBounded
-		args = append(args, lockTimeout(time.Until(c.deadline)))
+		left := time.Until(c.deadline)
+		c.step = stepped(left)
+		args = append(args, lockTimeout(left))
 	}
 	if c.retry && kind == waitBounded && c.mode() != modePermit {
 		return p.retrySQL[c.mode()], args
@@ -613,7 +631,19 @@ func (c *call) giveBack(conn *pgxpool.Conn, got []setGrant) {
 // back by the Timeout; at least 1 ms, since 0 is no bound.
 func lockTimeout(left time.Duration) string {
 	left -= min(left/3, verdictLead)
-	return strconv.FormatInt(max(left.Milliseconds(), 1), 10)
+	return strconv.FormatInt(min(max(left.Milliseconds(), 1), maxLockTimeout.Milliseconds()), 10)
+}
+
+// maxLockTimeout is the server's largest lock_timeout (an int of
+// milliseconds: about 24.8 days; a variable for tests). A longer Timeout
+// waits in steps: the server's verdict at the end of one, with time left,
+// is followed by the wait again (see lock).
+var maxLockTimeout = math.MaxInt32 * time.Millisecond
+
+// stepped reports whether the server's bound for a wait with left of the
+// Timeout remaining is a step of it (maxLockTimeout), not its end.
+func stepped(left time.Duration) bool {
+	return left-min(left/3, verdictLead) > maxLockTimeout
 }
 
 // sqlstateLockTimeout is the SQLSTATE of a statement that lock_timeout

@@ -161,7 +161,10 @@
 // With a Timeout on another Clock (a test's) the server cannot follow it:
 // when it passes, the client cancels the statement, and the server's answer
 // to the cancel counts as "held"; no answer within 2 s is ErrNoReply. A
-// Timeout of 0 waits as long as ctx allows. NoWait never waits for the
+// Timeout of 0 waits as long as ctx allows. Any other non-negative Timeout
+// is valid, up to math.MaxInt64: one longer than the server's largest
+// lock_timeout (about 24.8 days) waits in steps of it, the wait starting
+// again at the end of each (a bulkhead's caller, on a new connection). NoWait never waits for the
 // lock, but it does wait for the server's answer, one round trip: on a
 // server that does not answer, only ctx bounds it.
 //
