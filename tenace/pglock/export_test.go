@@ -86,3 +86,7 @@ func SetMaxLockTimeout(d time.Duration) (restore func()) {
 	maxLockTimeout = d
 	return func() { maxLockTimeout = old }
 }
+
+// VerdictLead is how long before the Timeout the server's "held" is due,
+// at most (a third of the Timeout when that is less).
+const VerdictLead = verdictLead
