@@ -73,6 +73,20 @@ func serverControl(t *testing.T, srv *pgtest.Server, d time.Duration) (late func
 	})
 }
 
+// noReplyOfALoadedMachine reports whether err is ErrNoReply, and fails
+// the test unless the machine explains it: the control reply beside the
+// call (serverControl) came at least the reply allowance late too.
+func noReplyOfALoadedMachine(t *testing.T, err error, late func() time.Duration) bool {
+	t.Helper()
+	l := late()
+	if !errors.Is(err, pglock.ErrNoReply) {
+		return false
+	}
+	require.GreaterOrEqual(t, l, pglock.ReplyAllowance, "ErrNoReply (%v), though a reply of the server due at the same moment came in time", err)
+	t.Logf("ErrNoReply beside a control reply %v late", l)
+	return true
+}
+
 // burnCPU starts n goroutines that spin until stop is called (at the
 // latest when the test ends); stop returns once they have ended. They
 // stand for the rest of a loaded process: timers and the network poller's
