@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -173,7 +174,7 @@ func (p *Provider) acquire(c *call) (tenace.LockLease, error) {
 // Timeout, with a context that ends cancelGrace later (see runBounded).
 //
 // Concurrency: every field but state, phase, gated, listening, told,
-// retry and freed is set before run starts and read-only after. run alone
+// retry, step, notified and freed is set before run starts and read-only after. run alone
 // writes phase and those. state is the hand-off of a
 // grant between the worker and the Acquire that may leave it: the worker
 // claims the grant (callClaimed) before it makes a lease, Acquire abandons
@@ -203,9 +204,13 @@ type call struct {
 	early chan<- outcome
 	told  bool
 	retry bool // the last statement's wait ended by lock_timeout, with time left (see lock)
-	freed bool // lock gave the connection slot back before it returned
-	state atomic.Int32
-	phase atomic.Int32 // what the server was last asked, for the error
+	// notified is the count of the connection's NOTIFYs before the last
+	// acquire statement (see awaitPermit).
+	notified uint64
+	step     bool // the last statement's bound was maxLockTimeout, a step of a longer Timeout
+	freed    bool // lock gave the connection slot back before it returned
+	state    atomic.Int32
+	phase    atomic.Int32 // what the server was last asked, for the error
 }
 
 // The states of a call (see call).
@@ -339,219 +344,189 @@ func (c *call) run() (l tenace.LockLease, err error) {
 // is the set granted; whenever it stops short, the keys locked so far are
 // unlocked with the rest (giveBack, unlockAll) or the session ended
 // (discard).
+//
+// lock is the driver: it runs what step decides, statement after
+// statement, and ends the call through conclude.
 func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ error) {
-	p, key := c.p, c.key
-	registered, reconnected := false, false
 	var got []setGrant // a set's keys locked so far; nil for one key
+	var id int32
+	var token uint64
+	registered, reconnected := false, false
+	d := decision{next: doLock}
 	for {
+		key := c.key
 		if c.keys != nil {
 			key = c.keys[len(got)]
 		}
-		if c.state.Load() == callAbandoned {
-			// Acquire has left (see runBounded): ask nothing more. No
-			// cancel was sent on the connection, which holds nothing but
-			// a set's keys locked so far.
-			c.giveBack(conn, got)
-			return nil, false, nil
-		}
-		c.phase.Store(phaseLocking)
-		sql, args := c.statement(key)
-		before := seen(conn)
-		var id *int32
-		var locked bool
-		var fence *int64
-		err := conn.QueryRow(c.wctx, sql, args...).Scan(&id, &locked, &fence)
-		if h := p.hooks; h != nil && h.statementDone != nil {
-			h.statementDone(conn.Conn().PgConn().PID(), err == nil && locked)
-		}
-		switch {
-		case isLockTimeout(err):
-			// The server's verdict: the key stayed held (or queued for)
-			// until the bound it was given; unless the call's context
-			// ended meanwhile, no cancel was sent. But the verdict can
-			// come with the lock granted: a grant that lands as the
-			// timeout fires keeps the lock, and the timeout's interrupt,
-			// already pending, still fails the statement (PostgreSQL
-			// reports a lock timeout over the grant, see ProcSleep) — a
-			// session lock, which the aborted transaction does not give
-			// back. Seen in a stress of readers and writers, where a
-			// pooled connection kept a reader's share. So the session
-			// drops the key's lock if it holds it (dropRaced) before the
-			// connection is used again; a set keeps the keys locked
-			// before this one. A bulkhead's session may hold its gate too
-			// (taken before the timeout): it is ended (see giveBack).
-			if c.wctx.Err() != nil {
-				discard(conn)
-				l, err := c.waitEnded(true)
-				return l, false, err
-			}
-			if c.mode() == modePermit {
-				c.giveBack(conn, got)
-				return nil, false, nil
-			}
-			if c.bounded && time.Until(c.deadline) > verdictLead/3 {
-				// The server's bound ends up to verdictLead before the
-				// Timeout (see lockTimeout), so that its "held" is back
-				// in time. With more than a third of that left, wait
-				// again for what remains, so that a release in the
-				// Timeout's last moments still grants; less is not worth
-				// a statement (each scans pg_locks, see retrySQL), and
-				// runBounded holds the "held" back until the Timeout
-				// (untilDeadline): "not granted" never comes before it.
-				// The statement again is the retry's, which finds a
-				// raced grant held (and fences it) rather than take the
-				// lock a second time.
+		var r reply
+		switch d.next {
+		case doNextKey:
+			got = append(got, setGrant{key: key, id: id, token: token})
+			registered, c.retry = false, false
+			key = c.keys[len(got)]
+			fallthrough
+		case doLock, doRetry:
+			if d.next == doRetry {
 				c.retry = true
-				continue
 			}
-			if c.early != nil {
-				// The verdict goes to Acquire now; the drop's round trip
-				// runs after it, on the worker (see runBounded). The
-				// connection slot goes back first, so that the caller's
-				// next Acquire finds it: that one then waits in the pool,
-				// whose MaxConns is the same bound, for this connection
-				// (a round trip), rather than fail with ErrPoolExhausted.
-				c.told, c.freed = true, true
-				<-p.slots
-				c.early <- outcome{}
+			if c.state.Load() == callAbandoned {
+				// Acquire has left (see runBounded): ask nothing more. No
+				// cancel was sent on the connection, which holds nothing
+				// but a set's keys locked so far.
+				return c.conclude(conn, got, decision{next: outAbandoned})
 			}
-			if _, err := conn.Exec(c.wctx, p.dropSQL[c.mode()], []byte(key), p.classID); err != nil || c.wctx.Err() != nil {
-				discard(conn) // its session, and whatever it holds, ends
-				if c.wctx.Err() != nil {
-					l, err := c.waitEnded(true)
-					return l, false, err
-				}
-				return nil, false, nil
-			}
-			c.giveBack(conn, got)
-			return nil, false, nil
-		case err != nil:
-			// Unknown outcome: the statement may have taken the lock
-			// before it failed or was cancelled. Release whatever the
-			// session holds, and never reuse the connection.
-			dead := conn.Conn().IsClosed()
-			p.unlockAll(conn)
-			discard(conn)
-			if !dead || reconnected || got != nil || c.gated || c.wctx.Err() != nil || p.closed.Err() != nil {
-				l, err := c.failed(fmt.Errorf("pglock: acquiring %s: %w", keyfmt.Quote(key), err), answered(err))
-				return l, false, err
-			}
-			// The connection had died (the pool's idle connections after
-			// a server restart, a backend terminated while waiting): try
-			// once more on a live one. Its session is gone, and with it
-			// anything it held.
-			reconnected = true
-			c.phase.Store(phaseConnecting)
-			if conn, err = p.reconnect(c.wctx); err != nil {
-				l, err := c.failed(fmt.Errorf("pglock: acquiring %s: its connection ended, and reconnecting failed: %w", keyfmt.Quote(key), err), false)
-				return l, false, err
-			}
-			continue
-		case c.wctx.Err() != nil:
-			// The statement succeeded, but its context ended while it ran:
-			// cancel requests may still be on their way to this session,
-			// and would hit the connection's next statement, whoever runs
-			// it. Whatever it found (granted, tried and refused, a key
-			// without a row), the call gave up: give back anything the
-			// session holds, and the connection too (see discard).
-			if locked || got != nil || c.mode() == modePermit {
-				p.unlockAll(conn)
-			}
-			discard(conn)
-			l, err := c.waitEnded(true)
-			return l, false, err
-		case id == nil && !registered:
+			r, id, token = c.lockStatement(conn, key)
+		case doRegister:
 			c.phase.Store(phaseRegistering)
-			_, err := conn.Exec(c.wctx, p.registerSQL, []byte(key))
-			if err != nil || c.wctx.Err() != nil {
-				// A failure, or a context that ended during the statement
-				// (a cancel may be on its way): never reuse the connection.
-				discard(conn)
-				ok := answered(err)
-				if err != nil {
-					err = fmt.Errorf("pglock: registering the key %s in %s: %w", keyfmt.Quote(key), p.table, err)
-				}
-				l, err := c.failed(err, ok)
-				return l, false, err
-			}
+			_, err := conn.Exec(c.wctx, c.p.registerSQL, []byte(key))
+			r = c.replied(conn, stmtRegister, err)
 			registered = true
-			continue
-		case id == nil:
-			c.giveBack(conn, got)
-			return nil, false, fmt.Errorf("pglock: the key %s vanished from %s as it was registered; is something deleting its rows?", keyfmt.Quote(key), p.table)
-		case !locked && c.mode() == modePermit && c.opts.Timeout != tenace.NoWait:
-			// Every permit is taken: wait for one to come back, holding
-			// the gate (see permits.go), and count again; "held" once
-			// the wait's end (permitEnd) has come.
+		case doAwaitPermit:
 			c.gated = true
-			if c.bounded && !time.Now().Before(c.permitEnd) {
-				c.giveBack(conn, got)
-				return nil, false, nil
+			r = c.replied(conn, stmtPermit, c.awaitPermit(conn, id, c.notified))
+		case doReconnect, doRestart:
+			discard(conn) // a dead connection, or a session that may hold the gate
+			c.gated, c.listening = false, false
+			why := "its connection ended"
+			if d.next == doRestart {
+				why = "a step of its wait ended"
 			}
-			if err := c.awaitPermit(conn, *id, before); err != nil {
-				// A LISTEN cut short, a connection that failed: as any
-				// failed statement (the session is ended).
-				p.unlockAll(conn)
-				discard(conn)
-				l, err := c.failed(fmt.Errorf("pglock: acquiring %s: %w", keyfmt.Quote(key), err), answered(err))
+			reconnected = reconnected || d.next == doReconnect
+			c.phase.Store(phaseConnecting)
+			var err error
+			if conn, err = c.p.reconnect(c.wctx); err != nil {
+				l, err := c.failed(fmt.Errorf("pglock: acquiring %s: %s, and reconnecting failed: %w", keyfmt.Quote(key), why, err), false)
 				return l, false, err
 			}
-			if c.wctx.Err() != nil {
-				discard(conn) // the gate goes with the session
-				l, err := c.waitEnded(true)
-				return l, false, err
-			}
+			d = decision{next: doLock}
 			continue
-		case !locked:
-			// The try failed: the session holds nothing (but a set's
-			// keys locked so far).
-			c.giveBack(conn, got)
-			return nil, false, nil
-		case fence == nil && p.fencing:
-			p.unlockAll(conn)
-			discard(conn)
-			return nil, false, fmt.Errorf("pglock: the row of key %s vanished from %s while it was locked; rows must never be deleted", keyfmt.Quote(key), p.table)
-		}
-		var token uint64
-		if fence != nil {
-			token = uint64(*fence)
-		}
-		if c.keys != nil {
-			got = append(got, setGrant{key: key, id: *id, token: token})
-			if registered, c.retry = false, false; len(got) < len(c.keys) {
-				continue
-			}
-		}
-		if c.listening {
-			// The lease's connection must not receive NOTIFYs: its
-			// watcher would read them, and the pool would keep them.
+		case doUnlisten:
 			_, err := conn.Exec(c.wctx, `UNLISTEN *`)
-			if err != nil || c.wctx.Err() != nil {
-				p.unlockAll(conn)
-				discard(conn)
-				if err == nil {
-					l, err := c.waitEnded(true)
-					return l, false, err
-				}
-				l, err := c.failed(fmt.Errorf("pglock: acquiring %s: UNLISTEN: %w", keyfmt.Quote(key), err), answered(err))
-				return l, false, err
-			}
+			r = c.replied(conn, stmtUnlisten, err)
 			c.listening = false
+		case doDrop:
+			c.tellHeld()
+			_, err := conn.Exec(c.wctx, c.p.dropSQL[c.mode()], []byte(key), c.p.classID)
+			r = c.replied(conn, stmtDrop, err)
+		case doGrant:
+			if c.keys != nil {
+				got = append(got, setGrant{key: key, id: id, token: token})
+			}
+			return c.claim(conn, key, id, token, got)
+		default:
+			return c.conclude(conn, got, d)
 		}
-		if !c.state.CompareAndSwap(callRunning, callClaimed) {
-			// Acquire left without waiting for this grant (see
-			// runBounded): it is nobody's, give it back.
-			p.unlockAll(conn)
-			discard(conn)
-			return nil, false, nil
-		}
-		if c.keys != nil {
-			l, err := p.grantSet(conn, got, c.opts)
-			return l, true, err
-		}
-		l, err := p.grant(conn, key, *id, token, c.mode(), c.opts)
+		d = step(c.attempt(key, len(got), registered, reconnected), r)
+	}
+}
+
+// lockStatement runs the acquire statement for key on conn and returns
+// the reply, with the key's lock id and the grant's token when locked.
+func (c *call) lockStatement(conn *pgxpool.Conn, key string) (r reply, id int32, token uint64) {
+	c.phase.Store(phaseLocking)
+	sql, args := c.statement(key)
+	c.notified = seen(conn)
+	var pid *int32
+	var fence *int64
+	var locked bool
+	err := conn.QueryRow(c.wctx, sql, args...).Scan(&pid, &locked, &fence)
+	if h := c.p.hooks; h != nil && h.statementDone != nil {
+		h.statementDone(conn.Conn().PgConn().PID(), err == nil && locked)
+	}
+	r = c.replied(conn, stmtLock, err)
+	r.hasID, r.locked, r.fenced = pid != nil, locked, fence != nil
+	if pid != nil {
+		id = *pid
+	}
+	if fence != nil {
+		token = uint64(*fence)
+	}
+	return r, id, token
+}
+
+// replied is the reply to statement s on conn, which returned err.
+func (c *call) replied(conn *pgxpool.Conn, s stmt, err error) reply {
+	return reply{stmt: s, err: err, cut: c.wctx.Err() != nil, dead: conn.Conn().IsClosed(), closed: c.p.closed.Err() != nil}
+}
+
+// attempt is what step knows of c, asking for key with got of a set's
+// keys locked.
+func (c *call) attempt(key string, got int, registered, reconnected bool) attempt {
+	a := attempt{
+		key: key, table: c.p.table, mode: c.mode(), noWait: c.opts.Timeout == tenace.NoWait, fencing: c.p.fencing,
+		bounded: c.bounded, set: c.keys != nil, got: got, keys: len(c.keys),
+		registered: registered, reconnected: reconnected, gated: c.gated, listening: c.listening, stepped: c.step,
+	}
+	if c.bounded {
+		now := time.Now()
+		a.left, a.permitLeft = c.deadline.Sub(now), c.permitEnd.Sub(now)
+	}
+	return a
+}
+
+// tellHeld hands Acquire the verdict "held" now, when bounded, before the
+// drop's round trip runs on the worker (see runBounded). The connection
+// slot goes back first, so that the caller's next Acquire finds it: that
+// one then waits in the pool, whose MaxConns is the same bound, for this
+// connection (a round trip), rather than fail with ErrPoolExhausted.
+func (c *call) tellHeld() {
+	if c.early == nil {
+		return
+	}
+	c.told, c.freed = true, true
+	<-c.p.slots
+	c.early <- outcome{}
+}
+
+// claim makes the lease of conn, whose session holds key (every key of
+// got, for a set), unless Acquire left without waiting for the grant (see
+// runBounded): then it is nobody's, and given back.
+func (c *call) claim(conn *pgxpool.Conn, key string, id int32, token uint64, got []setGrant) (tenace.LockLease, bool, error) {
+	if !c.state.CompareAndSwap(callRunning, callClaimed) {
+		c.p.unlockAll(conn)
+		discard(conn)
+		return nil, false, nil
+	}
+	if c.keys != nil {
+		l, err := c.p.grantSet(conn, got, c.opts)
 		return l, true, err
 	}
+	l, err := c.p.grant(conn, key, id, token, c.mode(), c.opts)
+	return l, true, err
+}
+
+// conclude ends a call that gets no lease, by step's outcome d: it cleans
+// up conn (the session holds a set's keys locked so far, maybe a grant or
+// a gate) and applies the error precedence once (failed, waitEnded).
+func (c *call) conclude(conn *pgxpool.Conn, got []setGrant, d decision) (tenace.LockLease, bool, error) {
+	switch d.next {
+	case outHeld, outAbandoned:
+		c.giveBack(conn, got)
+		return nil, false, nil
+	case outBroken:
+		if !d.unlock {
+			c.giveBack(conn, got)
+			return nil, false, d.err
+		}
+	case outDropped:
+		discard(conn) // its session, and whatever it holds, ends
+		return nil, false, nil
+	}
+	if d.unlock {
+		c.p.unlockAll(conn)
+	}
+	discard(conn)
+	var l tenace.LockLease
+	var err error
+	switch d.next {
+	case outBroken:
+		return nil, false, d.err
+	case outCutShort:
+		l, err = c.waitEnded(true)
+	default:
+		l, err = c.failed(d.err, d.answered)
+	}
+	return l, false, err
 }
 
 // statement returns the acquire statement for key (c's, or one of its
@@ -568,7 +543,9 @@ func (c *call) statement(key string) (string, []any) {
 		kind = waitNone
 	case c.bounded:
 		kind = waitBounded
-		args = append(args, lockTimeout(time.Until(c.deadline)))
+		left := time.Until(c.deadline)
+		c.step = stepped(left)
+		args = append(args, lockTimeout(left))
 	}
 	if c.retry && kind == waitBounded && c.mode() != modePermit {
 		return p.retrySQL[c.mode()], args
@@ -605,7 +582,19 @@ func (c *call) giveBack(conn *pgxpool.Conn, got []setGrant) {
 // back by the Timeout; at least 1 ms, since 0 is no bound.
 func lockTimeout(left time.Duration) string {
 	left -= min(left/3, verdictLead)
-	return strconv.FormatInt(max(left.Milliseconds(), 1), 10)
+	return strconv.FormatInt(min(max(left.Milliseconds(), 1), maxLockTimeout.Milliseconds()), 10)
+}
+
+// maxLockTimeout is the server's largest lock_timeout (an int of
+// milliseconds: about 24.8 days; a variable for tests). A longer Timeout
+// waits in steps: the server's verdict at the end of one, with time left,
+// is followed by the wait again (see lock).
+var maxLockTimeout = math.MaxInt32 * time.Millisecond
+
+// stepped reports whether the server's bound for a wait with left of the
+// Timeout remaining is a step of it (maxLockTimeout), not its end.
+func stepped(left time.Duration) bool {
+	return left-min(left/3, verdictLead) > maxLockTimeout
 }
 
 // sqlstateLockTimeout is the SQLSTATE of a statement that lock_timeout

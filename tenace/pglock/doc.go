@@ -130,7 +130,8 @@
 // round trip, run after Acquire has its answer, on the connection the call
 // still holds (its slot is free for the caller's next Acquire, which waits
 // in the pool for that connection): for that round trip, a grant that
-// raced the timeout is still held. When the wait goes on instead (see
+// raced the timeout is still held (a set unlocks everything its session
+// holds before it answers instead). When the wait goes on instead (see
 // below), the next statement counts such a grant as granted. The wait on the server's queue is therefore up to 50 ms
 // shorter than the Timeout. Acquire returns within the Timeout and 30 ms
 // whatever the server does: if no answer has come by then — a stalled or
@@ -160,7 +161,10 @@
 // With a Timeout on another Clock (a test's) the server cannot follow it:
 // when it passes, the client cancels the statement, and the server's answer
 // to the cancel counts as "held"; no answer within 2 s is ErrNoReply. A
-// Timeout of 0 waits as long as ctx allows. NoWait never waits for the
+// Timeout of 0 waits as long as ctx allows. Any other non-negative Timeout
+// is valid, up to math.MaxInt64: one longer than the server's largest
+// lock_timeout (about 24.8 days) waits in steps of it, the wait starting
+// again at the end of each (a bulkhead's caller, on a new connection). NoWait never waits for the
 // lock, but it does wait for the server's answer, one round trip: on a
 // server that does not answer, only ctx bounds it.
 //

@@ -75,7 +75,10 @@ func ExampleProvider_Acquire() {
 
 // The three outcomes of an Acquire with a Timeout: a lease; (nil, nil),
 // which only the server's "held" gives; an error — ErrNoReply for a server
-// that did not answer in time, the dial's cause for one that refused.
+// that did not answer in time, the dial's cause for one that refused. On a
+// machine so loaded that the server's "held" comes later than the Timeout
+// and 30 ms, it is ErrNoReply too (see the package doc, Waiting): both
+// call for a retry.
 func ExampleErrNoReply() {
 	ctx := context.Background()
 	locks, err := pglock.New(ctx, exampleConnString())
@@ -96,14 +99,16 @@ func ExampleErrNoReply() {
 	lease, err := other.Acquire(ctx, "example/outage", tenace.LockAcquireOptions{Timeout: 500 * time.Millisecond})
 	switch {
 	case errors.Is(err, tenace.ErrNoReply): // pglock.ErrNoReply too
-		fmt.Println("PostgreSQL did not answer: an outage, alert")
+		// PostgreSQL did not answer in time: if it persists, an outage.
+		fmt.Println("not granted: retry later")
 	case err != nil:
 		fmt.Println("the provider failed (errors.Is reaches the cause, such as syscall.ECONNREFUSED):", err)
 	case lease == nil:
-		fmt.Println("PostgreSQL says another holds it: retry later")
+		// PostgreSQL says another holds it.
+		fmt.Println("not granted: retry later")
 	default:
 		_ = lease.Release(ctx)
 	}
 	// Output:
-	// PostgreSQL says another holds it: retry later
+	// not granted: retry later
 }

@@ -77,3 +77,16 @@ const ReplyAllowance = replyAllowance
 func (p *Provider) RaceSQL() (retry, drop string) {
 	return p.retrySQL[modeExclusive], p.dropSQL[modeExclusive]
 }
+
+// SetMaxLockTimeout sets the server's largest lock_timeout as the provider
+// sees it (a longer Timeout waits in steps of it), and returns a func that
+// restores it.
+func SetMaxLockTimeout(d time.Duration) (restore func()) {
+	old := maxLockTimeout
+	maxLockTimeout = d
+	return func() { maxLockTimeout = old }
+}
+
+// VerdictLead is how long before the Timeout the server's "held" is due,
+// at most (a third of the Timeout when that is less).
+const VerdictLead = verdictLead

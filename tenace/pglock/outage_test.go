@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"tenace.dev/internal/pgtest"
@@ -41,6 +42,49 @@ func control(d time.Duration) (late func() time.Duration) {
 		r <- time.Since(start) - d
 	}()
 	return sync.OnceValue(func() time.Duration { return <-r })
+}
+
+// serverControl is control for a verdict of the server: a statement on a
+// connection of its own that sleeps on the server until the moment a
+// Timeout of d, started now, has its "held" due (d less its lead), then
+// answers. late waits for the answer and says how much later than due it
+// came: the delay that the machine added at that moment to a reply of the
+// server — its backend's wake-up, the loopback, this process's reading —
+// which no provider can avoid.
+func serverControl(t *testing.T, srv *pgtest.Server, d time.Duration) (late func() time.Duration) {
+	conn, err := pgx.Connect(bg, srv.ConnString())
+	require.NoError(t, err)
+	due := d - min(d/3, pglock.VerdictLead)
+	r := make(chan time.Duration, 1) // the goroutine never blocks on it
+	start := time.Now()
+	go func() {
+		defer conn.Close(bg)
+		_, err := conn.Exec(bg, `SELECT pg_sleep($1::float8)`, due.Seconds())
+		if err != nil {
+			r <- -1
+			return
+		}
+		r <- time.Since(start) - due
+	}()
+	return sync.OnceValue(func() time.Duration {
+		l := <-r
+		require.GreaterOrEqual(t, l, time.Duration(0), "the control statement failed")
+		return l
+	})
+}
+
+// noReplyOfALoadedMachine reports whether err is ErrNoReply, and fails
+// the test unless the machine explains it: the control reply beside the
+// call (serverControl) came at least the reply allowance late too.
+func noReplyOfALoadedMachine(t *testing.T, err error, late func() time.Duration) bool {
+	t.Helper()
+	l := late()
+	if !errors.Is(err, pglock.ErrNoReply) {
+		return false
+	}
+	require.GreaterOrEqual(t, l, pglock.ReplyAllowance, "ErrNoReply (%v), though a reply of the server due at the same moment came in time", err)
+	t.Logf("ErrNoReply beside a control reply %v late", l)
+	return true
 }
 
 // burnCPU starts n goroutines that spin until stop is called (at the

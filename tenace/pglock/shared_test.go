@@ -242,7 +242,10 @@ WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted AND a.state = 'id
 // nothing for the key.
 func TestSharedWaitersOnAStalledServer(t *testing.T) {
 	srv := pgtest.Start(t)
-	const timeout = 500 * time.Millisecond
+	// Generous: the cluster must stop before the waiter's last count (a
+	// third of a second before the Timeout), which the server would
+	// answer "held", rightly, on a machine slow to stop it.
+	const timeout = 3 * time.Second
 	for _, tc := range []struct {
 		name         string
 		holder, opts tenace.LockAcquireOptions

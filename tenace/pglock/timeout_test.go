@@ -3,6 +3,8 @@ package pglock_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -75,4 +77,56 @@ func TestATimeoutWhileConnectingToAStalledServerIsAFailure(t *testing.T) {
 	require.NoError(t, held.Release(bg))
 	mustRelease := mustAcquire(t, p, keyOf(t, "b"), tenace.LockAcquireOptions{Timeout: 10 * time.Second})
 	require.NoError(t, mustRelease.Release(bg), "and the provider works once the server answers")
+}
+
+// TestAnyTimeoutWaits: a Timeout longer than the server's largest
+// lock_timeout (about 24.8 days), up to math.MaxInt64, is valid: a free key
+// is granted; a held one is waited for in steps of the largest bound (made
+// 20 ms here), by an exclusive caller and by a bulkhead's caller behind a
+// writer, until the holder releases it after several steps.
+func TestAnyTimeoutWaits(t *testing.T) {
+	srv := server(t)
+	p := newProvider(t, srv)
+	for _, d := range []time.Duration{math.MaxInt32 * time.Millisecond, 30 * 24 * time.Hour, math.MaxInt64} {
+		for _, opts := range []tenace.LockAcquireOptions{{Timeout: d}, {Timeout: d, Shared: true}, {Timeout: d, Shared: true, Permits: 2}} {
+			l, err := p.Acquire(bg, keyOf(t, "free"), opts)
+			require.NoError(t, err, "%+v", opts)
+			require.NotNil(t, l, "%+v", opts)
+			require.NoError(t, l.Release(bg))
+		}
+		s, err := tenace.AcquireAll(bg, p, []string{keyOf(t, "a"), keyOf(t, "b")}, tenace.LockAcquireOptions{Timeout: d})
+		require.NoError(t, err)
+		require.NotNil(t, s)
+		require.NoError(t, s.Release(bg))
+	}
+
+	defer pglock.SetMaxLockTimeout(20 * time.Millisecond)()
+	for _, opts := range []tenace.LockAcquireOptions{{Timeout: math.MaxInt64}, {Timeout: time.Hour, Shared: true, Permits: 2}} {
+		t.Run(fmt.Sprintf("Permits%d", opts.Permits), func(t *testing.T) {
+			key := keyOf(t, "held")
+			w := mustAcquire(t, newProvider(t, srv), key, tenace.LockAcquireOptions{})
+			waiter := newProvider(t, srv)
+			steps := make(chan struct{}, 100)
+			waiter.SetHooks(pglock.Hooks{StatementDone: func(uint32, bool) {
+				select {
+				case steps <- struct{}{}:
+				default:
+				}
+			}})
+			r := acquireAsync(bg, waiter, key, opts)
+			for range 3 {
+				<-steps // the server's verdict at the end of a step: the wait goes on
+			}
+			select {
+			case res := <-r:
+				t.Fatalf("the wait ended after three steps: %v, %v", res.lease, res.err)
+			default:
+			}
+			require.NoError(t, w.Release(bg))
+			res := <-r
+			require.NoError(t, res.err)
+			require.NotNil(t, res.lease, "granted once the holder released it")
+			require.NoError(t, res.lease.Release(bg))
+		})
+	}
 }
