@@ -211,9 +211,10 @@
 //     stalled or not (tested with the member stopped by SIGSTOP). A ctx
 //     that ends returns ctx's error, even when the grant lands at that
 //     moment (the lease is then revoked).
-//   - Other failures (an etcd error, the member losing its leader) of the
-//     lease grant and of the transaction that queues return the error at
-//     once. Once queued, a waiter's place is kept by its lease, so its
+//   - etcd's transient failures of the lease grant and of the transaction
+//     that queues (codes.Unavailable: no leader, leader changed, a request
+//     timed out) are retried for up to 5s or the Timeout (see "A member
+//     dies"); other failures return the error at once. Once queued, a waiter's place is kept by its lease, so its
 //     read-only look at the queue is retried (every 50ms) through leader
 //     changes and restarts for as long as the lease lives, and a watch
 //     that ended (a compaction past its start revision, a member
@@ -224,6 +225,42 @@
 //   - Release with a ctx that has no deadline is bounded by 5s. A Release
 //     that fails can be called again; keepalives have stopped, so the key
 //     lapses within one window if no retry gets through.
+//
+// # A member dies
+//
+// With the client on every member, the death of any one member — the
+// leader or a follower, killed or stalled (SIGSTOP, a partition) — does
+// not hold up a caller: an Acquire started at that moment is granted
+// within about the election time and 1s (measured on three members with a
+// 500ms election timeout: the leader killed, granted 0.6-1.0s after the
+// kill, 0.2-0.3s after a new leader was seen; a follower killed, a few
+// milliseconds; a follower stalled past the window, 0.25s). A request to a
+// dead member can go unanswered for etcd's whole request timeout (5s and
+// two election timeouts: a follower that has not yet seen its leader die
+// forwards a proposal to it, where it is lost; a stalled member keeps its
+// connection open), so every request that is safe to send twice is
+// hedged: unanswered after 250ms (a keepalive: sooner, at least four tries
+// before the loss time), it is sent again beside the first, and the
+// client's round-robin balancer sends the new try to the next member; the
+// first answer wins, and each try asks a member without a leader to say so
+// at once (clientv3.WithRequireLeader). The lease grant is safe to send
+// twice: a lease granted to a try whose answer is not used has nothing
+// attached and lapses within the window. The queueing transaction puts the
+// caller's entry only if it is not there yet (else reads its create
+// revision), so that a second try of one the first already applied
+// queues nothing twice. A waiter's looks are reads, keepalives and revokes
+// idempotent. A waiter's watch that the member serving it does not confirm
+// within 250ms is cancelled and set up again after a new look, and a
+// waiter looks at its queue every renewal interval even without events, so
+// that a watch on a member that stalls later delays its grant by at most
+// one renewal interval. Such looks, prompted by no change, leave etcd's
+// last word standing: one that the Timeout cuts short unanswered gives
+// (nil, nil), as the watch would have.
+//
+// Give the client gRPC keepalives (clientv3.Config.DialKeepAliveTime and
+// DialKeepAliveTimeout, at least the server's --grpc-keepalive-min-time,
+// 5s by default) so that it drops the connection to a stalled member and
+// its balancer stops choosing it.
 //
 // # Close and the client
 //

@@ -148,7 +148,9 @@ func (l *lease) keep(expiry time.Time) {
 		case <-l.kctx.Done():
 			if l.revokeOnStop.Load() {
 				ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-				_, _ = p.client.Revoke(ctx, l.id)
+				_, _, _ = hedge(ctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.LeaseRevokeResponse, error) {
+					return p.client.Revoke(ctx, l.id)
+				})
 				cancel()
 			}
 			return
@@ -159,8 +161,14 @@ func (l *lease) keep(expiry time.Time) {
 			l.lose(fmt.Errorf("%w: etcdlock: no keepalive of the lease on %s reached etcd by %v before its expiry; etcd may free the key", tenace.ErrLeaseLost, keyfmt.Quote(l.key), m))
 		case <-renew.C:
 			sent := time.Now()
+			// Hedged: a keepalive is no Raft write (a follower forwards
+			// it to the leader), so the tries come closer together, at
+			// least four before the loss time.
 			ctx, cancel := context.WithDeadline(l.kctx, expiry.Add(-m))
-			resp, err := p.client.KeepAliveOnce(ctx, l.id)
+			every := min(hedgeAfter, max(time.Until(expiry.Add(-m))/4, 10*time.Millisecond))
+			resp, _, err := hedge(ctx, every, time.Time{}, func(ctx context.Context) (*clientv3.LeaseKeepAliveResponse, error) {
+				return p.client.KeepAliveOnce(ctx, l.id)
+			})
 			cancel()
 			switch {
 			case l.kctx.Err() != nil:
@@ -275,9 +283,13 @@ func (l *lease) revoke(ctx context.Context, first bool) error {
 		ctx, cancel = context.WithTimeout(ctx, cleanupTimeout)
 		defer cancel()
 	}
-	_, err := l.p.client.Revoke(ctx, l.id)
+	_, tries, err := hedge(ctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.LeaseRevokeResponse, error) {
+		return l.p.client.Revoke(ctx, l.id)
+	})
 	switch {
-	case err == nil:
+	case err == nil, tries > 1 && errors.Is(err, rpctypes.ErrLeaseNotFound):
+		// (With more than one try, a lease not found may be another
+		// try's doing.)
 		l.unsure.Store(false)
 		return nil
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
