@@ -262,6 +262,17 @@
 // 5s by default) so that it drops the connection to a stalled member and
 // its balancer stops choosing it.
 //
+// # Deadlocks across processes
+//
+// The Lock step's detector sees the waits of one process only. A cycle
+// across processes — one holds a and waits for b, another holds b and
+// waits for a — is not detected on etcd: each waiter waits until its
+// Timeout (forever with none), then returns (nil, nil), and its Lock
+// reports contention, not a *tenace.DeadlockError. The Timeout is the only
+// bound: give every Lock that may nest inside another a Timeout, or take
+// the keys together as a set (LockOptions.Keys), which every process takes
+// in one order, so that sets never wait on each other in a cycle.
+//
 // # Close and the client
 //
 // The provider does not own the client: close the provider first. Close
