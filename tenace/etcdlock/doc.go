@@ -15,18 +15,19 @@
 //
 // Each key is a queue: the etcd keys under prefix + key + "/" (the key with
 // "%" escaped as "%25" and "/" as "%2F", so that no key's queue lies inside
-// another's). Acquire grants an etcd lease of its own (the window), then,
-// in one transaction, puts its queue entry — prefix + key + "/" + the lease
+// another's). Acquire takes an etcd lease of its own (the window; see
+// "Leases" for the spare that spares it the grant), then, in one
+// transaction, puts its queue entry — prefix + key + "/" + the lease
 // ID — attached to that lease, and reads the entry with the lowest create
 // revision: if that is its own, the lock is granted (a shared caller reads
 // more: see "Shared locks and permits"). Otherwise it waits as
 // concurrency.Mutex does: it reads its predecessor, the entry created last
 // before its own, and watches only that entry's deletion (a release wakes
 // one waiter, not every waiter: no herd), then looks again, until no entry
-// older than its own is left. Release revokes the grant's etcd lease, which
-// deletes its entry and wakes the next waiter. Costs: an uncontended
-// acquire is two requests (the lease grant, the transaction) and a release
-// one, each a Raft write; a waiter adds a read and a watch per predecessor
+// older than its own is left. Release deletes the grant's entry, which
+// wakes the next waiter. Costs: an uncontended acquire is one request (the
+// transaction; two with the lease grant when no spare lease is at hand)
+// and a release one, each a Raft write; a waiter adds a read and a watch per predecessor
 // it outlives. The watch starts at the revision after that read: a watch
 // from a revision etcd has already reached (concurrency.Mutex starts at
 // the read's own) is served by etcd's catch-up loop, which runs every
@@ -120,11 +121,24 @@
 // killed with SIGKILL, the next waiter in another process granted 2.3s
 // after the kill with a 2s window, etcd checking expiries every 500ms).
 //
-// A lease per grant rather than one per provider: a grant, a waiter that
-// gives up, a release that fails or a TTL that passes each has a lease of
-// its own to revoke or let lapse, so none leaves an entry behind that an
-// unrelated live lease would keep alive. It costs one more Raft write per
-// acquire (bench/README.md).
+// An etcd lease carries one entry at most: that of the grant or the wait
+// that has it, rather than one lease per provider, so that a waiter that
+// gives up, a release that fails or a TTL that passes has a lease of its
+// own to revoke or let lapse, and none leaves an entry behind that an
+// unrelated live lease would keep alive. The lease grant is kept off the
+// critical path: a provider keeps one spare lease, granted ahead of need
+// in the background when it has none, or given back by a clean release —
+// a release deletes the grant's entry (if it is still the one granted,
+// by its create revision), and once etcd says it did, the lease, with
+// nothing attached any more, is the next Acquire's. A spare is used only
+// with at least a renewal interval left before its loss time (its keeper
+// starts with the Acquire that takes it); otherwise it lapses, unused.
+// Leases are never shared: a lost lease, a waiter's that gave up, a
+// release that failed are revoked or left to lapse, never reused. A
+// killed process's leases, spare or not, lapse within the window, so its
+// keys are free within it. An uncontended acquire is then one Raft write
+// (the transaction that queues) and a release one (the delete), as
+// concurrency.Mutex's (bench/README.md).
 //
 // Leases are tenace.LosableLease: Lost is closed and Err says why (an error
 // wrapping tenace.ErrLeaseLost), and a Lock ends fn's context, when:

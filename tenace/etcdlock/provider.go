@@ -66,6 +66,11 @@ type Provider struct {
 	endedOnce sync.Once
 	bg        sync.WaitGroup // keepers of leases and background revokes
 
+	// The spare etcd lease, granted ahead of need (see takeSpare); under mu.
+	spare     *clientv3.LeaseGrantResponse
+	spareSent time.Time // when its grant was sent
+	refilling bool      // a grant of the next spare is in flight
+
 	beforeWatch func(rev int64) // a test hook (see SetBeforeWatch); nil otherwise
 }
 
@@ -465,13 +470,18 @@ func (a *attempt) run() (tenace.LockLease, error) {
 	p := a.p
 	a.sent = time.Now()
 	until := retryUntil(a.wctx)
-	// A lease granted to a try that went unanswered has nothing attached,
-	// and lapses on its own.
-	g, _, err := hedge(a.first, hedgeAfter, until, func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
-		return p.client.Grant(ctx, int64(p.window/time.Second))
-	})
-	if err != nil {
-		return a.failed(fmt.Errorf("etcdlock: granting an etcd lease for %s: %w", keyfmt.Quote(a.key), err))
+	g, granted := p.takeSpare()
+	if g == nil {
+		// A lease granted to a try that went unanswered has nothing
+		// attached, and lapses on its own.
+		var err error
+		g, _, err = hedge(a.first, hedgeAfter, until, func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
+			return p.client.Grant(ctx, int64(p.window/time.Second))
+		})
+		if err != nil {
+			return a.failed(fmt.Errorf("etcdlock: granting an etcd lease for %s: %w", keyfmt.Quote(a.key), err))
+		}
+		granted = a.sent
 	}
 	a.replied = true
 	if a.wctx.Err() != nil {
@@ -480,7 +490,8 @@ func (a *attempt) run() (tenace.LockLease, error) {
 		return a.failed(a.wctx.Err())
 	}
 	dir := p.dir(a.key)
-	if a.l, err = p.newLease(a.key, entryName(dir, g.ID, a.opts.Shared), a.opts.Shared, g.ID, a.sent, time.Duration(g.TTL)*time.Second); err != nil {
+	var err error
+	if a.l, err = p.newLease(a.key, entryName(dir, g.ID, a.opts.Shared), a.opts.Shared, g.ID, granted, time.Duration(g.TTL)*time.Second); err != nil {
 		return nil, err
 	}
 
@@ -717,5 +728,6 @@ func (p *Provider) Close() error {
 		}
 	})
 	p.bg.Wait()
+	p.revokeSpare()
 	return nil
 }
