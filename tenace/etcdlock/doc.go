@@ -15,18 +15,19 @@
 //
 // Each key is a queue: the etcd keys under prefix + key + "/" (the key with
 // "%" escaped as "%25" and "/" as "%2F", so that no key's queue lies inside
-// another's). Acquire grants an etcd lease of its own (the window), then,
-// in one transaction, puts its queue entry — prefix + key + "/" + the lease
+// another's). Acquire takes an etcd lease of its own (the window; see
+// "Leases" for the spare that spares it the grant), then, in one
+// transaction, puts its queue entry — prefix + key + "/" + the lease
 // ID — attached to that lease, and reads the entry with the lowest create
 // revision: if that is its own, the lock is granted (a shared caller reads
 // more: see "Shared locks and permits"). Otherwise it waits as
 // concurrency.Mutex does: it reads its predecessor, the entry created last
 // before its own, and watches only that entry's deletion (a release wakes
 // one waiter, not every waiter: no herd), then looks again, until no entry
-// older than its own is left. Release revokes the grant's etcd lease, which
-// deletes its entry and wakes the next waiter. Costs: an uncontended
-// acquire is two requests (the lease grant, the transaction) and a release
-// one, each a Raft write; a waiter adds a read and a watch per predecessor
+// older than its own is left. Release deletes the grant's entry, which
+// wakes the next waiter. Costs: an uncontended acquire is one request (the
+// transaction; two with the lease grant when no spare lease is at hand)
+// and a release one, each a Raft write; a waiter adds a read and a watch per predecessor
 // it outlives. The watch starts at the revision after that read: a watch
 // from a revision etcd has already reached (concurrency.Mutex starts at
 // the read's own) is served by etcd's catch-up loop, which runs every
@@ -120,11 +121,24 @@
 // killed with SIGKILL, the next waiter in another process granted 2.3s
 // after the kill with a 2s window, etcd checking expiries every 500ms).
 //
-// A lease per grant rather than one per provider: a grant, a waiter that
-// gives up, a release that fails or a TTL that passes each has a lease of
-// its own to revoke or let lapse, so none leaves an entry behind that an
-// unrelated live lease would keep alive. It costs one more Raft write per
-// acquire (bench/README.md).
+// An etcd lease carries one entry at most: that of the grant or the wait
+// that has it, rather than one lease per provider, so that a waiter that
+// gives up, a release that fails or a TTL that passes has a lease of its
+// own to revoke or let lapse, and none leaves an entry behind that an
+// unrelated live lease would keep alive. The lease grant is kept off the
+// critical path: a provider keeps one spare lease, granted ahead of need
+// in the background when it has none, or given back by a clean release —
+// a release deletes the grant's entry (if it is still the one granted,
+// by its create revision), and once etcd says it did, the lease, with
+// nothing attached any more, is the next Acquire's. A spare is used only
+// with at least a renewal interval left before its loss time (its keeper
+// starts with the Acquire that takes it); otherwise it lapses, unused.
+// Leases are never shared: a lost lease, a waiter's that gave up, a
+// release that failed are revoked or left to lapse, never reused. A
+// killed process's leases, spare or not, lapse within the window, so its
+// keys are free within it. An uncontended acquire is then one Raft write
+// (the transaction that queues) and a release one (the delete), as
+// concurrency.Mutex's (bench/README.md).
 //
 // Leases are tenace.LosableLease: Lost is closed and Err says why (an error
 // wrapping tenace.ErrLeaseLost), and a Lock ends fn's context, when:
@@ -211,9 +225,10 @@
 //     stalled or not (tested with the member stopped by SIGSTOP). A ctx
 //     that ends returns ctx's error, even when the grant lands at that
 //     moment (the lease is then revoked).
-//   - Other failures (an etcd error, the member losing its leader) of the
-//     lease grant and of the transaction that queues return the error at
-//     once. Once queued, a waiter's place is kept by its lease, so its
+//   - etcd's transient failures of the lease grant and of the transaction
+//     that queues (codes.Unavailable: no leader, leader changed, a request
+//     timed out) are retried for up to 5s or the Timeout (see "A member
+//     dies"); other failures return the error at once. Once queued, a waiter's place is kept by its lease, so its
 //     read-only look at the queue is retried (every 50ms) through leader
 //     changes and restarts for as long as the lease lives, and a watch
 //     that ended (a compaction past its start revision, a member
@@ -224,6 +239,53 @@
 //   - Release with a ctx that has no deadline is bounded by 5s. A Release
 //     that fails can be called again; keepalives have stopped, so the key
 //     lapses within one window if no retry gets through.
+//
+// # A member dies
+//
+// With the client on every member, the death of any one member — the
+// leader or a follower, killed or stalled (SIGSTOP, a partition) — does
+// not hold up a caller: an Acquire started at that moment is granted
+// within about the election time and 1s (measured on three members with a
+// 500ms election timeout: the leader killed, granted 0.6-1.0s after the
+// kill, 0.2-0.3s after a new leader was seen; a follower killed, a few
+// milliseconds; a follower stalled past the window, 0.25s). A request to a
+// dead member can go unanswered for etcd's whole request timeout (5s and
+// two election timeouts: a follower that has not yet seen its leader die
+// forwards a proposal to it, where it is lost; a stalled member keeps its
+// connection open), so every request that is safe to send twice is
+// hedged: unanswered after 250ms (a keepalive: sooner, at least four tries
+// before the loss time), it is sent again beside the first, and the
+// client's round-robin balancer sends the new try to the next member; the
+// first answer wins, and each try asks a member without a leader to say so
+// at once (clientv3.WithRequireLeader). The lease grant is safe to send
+// twice: a lease granted to a try whose answer is not used has nothing
+// attached and lapses within the window. The queueing transaction puts the
+// caller's entry only if it is not there yet (else reads its create
+// revision), so that a second try of one the first already applied
+// queues nothing twice. A waiter's looks are reads, keepalives and revokes
+// idempotent. A waiter's watch that the member serving it does not confirm
+// within 250ms is cancelled and set up again after a new look, and a
+// waiter looks at its queue every renewal interval even without events, so
+// that a watch on a member that stalls later delays its grant by at most
+// one renewal interval. Such looks, prompted by no change, leave etcd's
+// last word standing: one that the Timeout cuts short unanswered gives
+// (nil, nil), as the watch would have.
+//
+// Give the client gRPC keepalives (clientv3.Config.DialKeepAliveTime and
+// DialKeepAliveTimeout, at least the server's --grpc-keepalive-min-time,
+// 5s by default) so that it drops the connection to a stalled member and
+// its balancer stops choosing it.
+//
+// # Deadlocks across processes
+//
+// The Lock step's detector sees the waits of one process only. A cycle
+// across processes — one holds a and waits for b, another holds b and
+// waits for a — is not detected on etcd: each waiter waits until its
+// Timeout (forever with none), then returns (nil, nil), and its Lock
+// reports contention, not a *tenace.DeadlockError. The Timeout is the only
+// bound: give every Lock that may nest inside another a Timeout, or take
+// the keys together as a set (LockOptions.Keys), which every process takes
+// in one order, so that sets never wait on each other in a cycle.
 //
 // # Close and the client
 //

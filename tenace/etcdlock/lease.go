@@ -36,7 +36,8 @@ const (
 // stateHeld, by compare-and-swap: whoever moves it ends the lease, and says
 // what the keeper does when it stops (revokeOnStop, set before kcancel).
 // The keeper alone sends keepalives and, when told, the revoke of a lost
-// or abandoned lease; Release revokes on its own, in its caller's goroutine.
+// or abandoned lease; Release deletes the key on its own, in its caller's
+// goroutine.
 type lease struct {
 	tenace.LeaseSignal
 	p      *Provider
@@ -53,8 +54,9 @@ type lease struct {
 	kcancel      context.CancelFunc
 	exited       chan struct{} // closed when the keeper has stopped (and revoked, if told)
 	stopCap      atomic.Pointer[func() bool]
-	reported     atomic.Bool // a Release has returned the loss
-	unsure       atomic.Bool // a Release's revoke failed: a later one tries again
+	expiry       atomic.Int64 // the last expiry etcd was told (Unix ns), as the keeper knows it
+	reported     atomic.Bool  // a Release has returned the loss
+	unsure       atomic.Bool  // a Release's revoke failed: a later one tries again
 }
 
 var (
@@ -75,6 +77,7 @@ func (p *Provider) newLease(key, name string, shared bool, id clientv3.LeaseID, 
 		return nil, errClosed
 	}
 	p.bg.Add(1) // while not closed: Close's Wait comes after
+	l.expiry.Store(sent.Add(ttl).UnixNano())
 	go l.keep(sent.Add(ttl))
 	return l, nil
 }
@@ -148,7 +151,9 @@ func (l *lease) keep(expiry time.Time) {
 		case <-l.kctx.Done():
 			if l.revokeOnStop.Load() {
 				ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-				_, _ = p.client.Revoke(ctx, l.id)
+				_, _, _ = hedge(ctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.LeaseRevokeResponse, error) {
+					return p.client.Revoke(ctx, l.id)
+				})
 				cancel()
 			}
 			return
@@ -159,14 +164,21 @@ func (l *lease) keep(expiry time.Time) {
 			l.lose(fmt.Errorf("%w: etcdlock: no keepalive of the lease on %s reached etcd by %v before its expiry; etcd may free the key", tenace.ErrLeaseLost, keyfmt.Quote(l.key), m))
 		case <-renew.C:
 			sent := time.Now()
+			// Hedged: a keepalive is no Raft write (a follower forwards
+			// it to the leader), so the tries come closer together, at
+			// least four before the loss time.
 			ctx, cancel := context.WithDeadline(l.kctx, expiry.Add(-m))
-			resp, err := p.client.KeepAliveOnce(ctx, l.id)
+			every := min(hedgeAfter, max(time.Until(expiry.Add(-m))/4, 10*time.Millisecond))
+			resp, _, err := hedge(ctx, every, time.Time{}, func(ctx context.Context) (*clientv3.LeaseKeepAliveResponse, error) {
+				return p.client.KeepAliveOnce(ctx, l.id)
+			})
 			cancel()
 			switch {
 			case l.kctx.Err() != nil:
 			case err == nil && resp.TTL > 0:
 				if e := sent.Add(time.Duration(resp.TTL) * time.Second); e.After(expiry) {
 					expiry = e
+					l.expiry.Store(e.UnixNano())
 					loss.Reset(time.Until(expiry.Add(-m)))
 				}
 				renew.Reset(l.nextRenewal(expiry, m))
@@ -235,21 +247,22 @@ func (l *lease) stopCapTimer() {
 // life of the cluster, across keys, grants, leader changes and restarts.
 func (l *lease) Token() uint64 { return uint64(l.rev) }
 
-// Release revokes the lease's etcd lease, which deletes its key: the next
-// waiter, watching that key, is granted. It returns nil when it released
-// the lock. A Release that fails (ctx ended, etcd unreachable) returns the
-// error and can be called again; keepalives have stopped, so the key lapses
+// Release deletes the lease's key (its etcd lease becomes the provider's
+// spare): the next waiter, watching that key, is granted. It returns nil
+// when it released the lock. A Release that fails (ctx ended, etcd
+// unreachable) returns the error and can be called again (that one
+// revokes the etcd lease); keepalives have stopped, so the key lapses
 // within one window if no retry gets through. A ctx without a deadline is
 // bounded by 5s. After a loss it touches nothing and returns an error
 // wrapping tenace.ErrLeaseLost (the first time; later calls return nil); so
-// does a first Release that finds the etcd lease gone (it expired, or was
-// revoked from outside), which reports the loss on Lost too.
+// does a first Release that finds its key gone (its etcd lease expired, or
+// was revoked from outside), which reports the loss on Lost too.
 func (l *lease) Release(ctx context.Context) error {
 	if l.state.CompareAndSwap(stateHeld, stateReleased) {
 		l.stopCapTimer()
 		l.p.forget(l)
 		l.kcancel() // the keeper stops, without a revoke: this is it
-		return l.revoke(ctx, true)
+		return l.release(ctx)
 	}
 	switch l.state.Load() {
 	case stateReleased:
@@ -268,16 +281,51 @@ func (l *lease) Release(ctx context.Context) error {
 	return nil
 }
 
-// revoke is Release's request; first is true on the first Release.
+// release is the first Release's request: it deletes the lease's entry if
+// it is still the one granted (its create revision), and when etcd says it
+// did, the etcd lease, with nothing attached any more, becomes the
+// provider's spare for the next Acquire (see takeSpare). An entry already
+// gone is a loss, as a revoke that finds the lease gone; a delete that
+// fails leaves the next Release to revoke the lease.
+func (l *lease) release(ctx context.Context) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cleanupTimeout)
+		defer cancel()
+	}
+	resp, tries, err := hedge(ctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return l.p.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(l.name), "=", l.rev)).Then(clientv3.OpDelete(l.name)).Commit()
+	})
+	switch {
+	case err != nil:
+		l.unsure.Store(true)
+		return fmt.Errorf("etcdlock: releasing %s failed, so the lock may still be held (for at most one window, %v); call Release again: %w", keyfmt.Quote(l.key), l.window, err)
+	case resp.Succeeded:
+		l.p.putSpare(l.id, time.Unix(0, l.expiry.Load()), l.window)
+		return nil
+	case tries > 1:
+		return nil // another try deleted it; the lease lapses on its own
+	default:
+		l.reported.Store(true)
+		l.Lose(fmt.Errorf("%w: etcdlock: etcd no longer had the lock on %s when it was released (its etcd lease expired or was revoked)", tenace.ErrLeaseLost, keyfmt.Quote(l.key)))
+		return fmt.Errorf("etcdlock: Release of %s: %w", keyfmt.Quote(l.key), l.Err())
+	}
+}
+
+// revoke is a later Release's request, after a first that failed.
 func (l *lease) revoke(ctx context.Context, first bool) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, cleanupTimeout)
 		defer cancel()
 	}
-	_, err := l.p.client.Revoke(ctx, l.id)
+	_, tries, err := hedge(ctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.LeaseRevokeResponse, error) {
+		return l.p.client.Revoke(ctx, l.id)
+	})
 	switch {
-	case err == nil:
+	case err == nil, tries > 1 && errors.Is(err, rpctypes.ErrLeaseNotFound):
+		// (With more than one try, a lease not found may be another
+		// try's doing.)
 		l.unsure.Store(false)
 		return nil
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):

@@ -66,6 +66,11 @@ type Provider struct {
 	endedOnce sync.Once
 	bg        sync.WaitGroup // keepers of leases and background revokes
 
+	// The spare etcd lease, granted ahead of need (see takeSpare); under mu.
+	spare     *clientv3.LeaseGrantResponse
+	spareSent time.Time // when its grant was sent
+	refilling bool      // a grant of the next spare is in flight
+
 	beforeWatch func(rev int64) // a test hook (see SetBeforeWatch); nil otherwise
 }
 
@@ -378,6 +383,9 @@ type attempt struct {
 	sent    time.Time
 	replied bool // etcd answered a request of this attempt
 	held    bool // etcd answered that the key is held (another entry heads the queue)
+	// unprompted: the waiter looks at its queue again with no change seen
+	// (see waitEvents)
+	unprompted bool
 
 	// The peek: a read of the queue's head beside the lease grant, for a
 	// Timeout under noreply.Grace (see peekNow).
@@ -461,9 +469,19 @@ const lateReply = 20 * time.Millisecond
 func (a *attempt) run() (tenace.LockLease, error) {
 	p := a.p
 	a.sent = time.Now()
-	g, err := p.client.Grant(a.first, int64(p.window/time.Second))
-	if err != nil {
-		return a.failed(fmt.Errorf("etcdlock: granting an etcd lease for %s: %w", keyfmt.Quote(a.key), err))
+	until := retryUntil(a.wctx)
+	g, granted := p.takeSpare()
+	if g == nil {
+		// A lease granted to a try that went unanswered has nothing
+		// attached, and lapses on its own.
+		var err error
+		g, _, err = hedge(a.first, hedgeAfter, until, func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
+			return p.client.Grant(ctx, int64(p.window/time.Second))
+		})
+		if err != nil {
+			return a.failed(fmt.Errorf("etcdlock: granting an etcd lease for %s: %w", keyfmt.Quote(a.key), err))
+		}
+		granted = a.sent
 	}
 	a.replied = true
 	if a.wctx.Err() != nil {
@@ -472,21 +490,35 @@ func (a *attempt) run() (tenace.LockLease, error) {
 		return a.failed(a.wctx.Err())
 	}
 	dir := p.dir(a.key)
-	if a.l, err = p.newLease(a.key, entryName(dir, g.ID, a.opts.Shared), a.opts.Shared, g.ID, a.sent, time.Duration(g.TTL)*time.Second); err != nil {
+	var err error
+	if a.l, err = p.newLease(a.key, entryName(dir, g.ID, a.opts.Shared), a.opts.Shared, g.ID, granted, time.Duration(g.TTL)*time.Second); err != nil {
 		return nil, err
 	}
 
 	// Join the queue and read it in one request: everything else in it
-	// came before the caller.
+	// came before the caller. The put is made only if the entry is not
+	// there yet, so that the request is safe to send again: a try that
+	// went unanswered may have queued the caller, and a later one then
+	// reads the entry's create revision instead.
 	a.sent, a.replied = time.Now(), false
-	resp, err := p.client.Txn(a.first).Then(append([]clientv3.Op{
-		clientv3.OpPut(a.l.name, entryValue(a.opts), clientv3.WithLease(g.ID)),
-	}, a.viewOps(dir, 0, false)...)...).Commit()
+	view := a.viewOps(dir, 0, false)
+	resp, _, err := hedge(a.first, hedgeAfter, until, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return p.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.l.name), "=", 0)).
+			Then(append([]clientv3.Op{clientv3.OpPut(a.l.name, entryValue(a.opts), clientv3.WithLease(g.ID))}, view...)...).
+			Else(append([]clientv3.Op{clientv3.OpGet(a.l.name, clientv3.WithKeysOnly())}, view...)...).Commit()
+	})
 	if err != nil {
 		return a.failed(fmt.Errorf("etcdlock: queueing for %s: %w", keyfmt.Quote(a.key), err))
 	}
 	a.replied = true
 	a.l.rev = resp.Header.Revision // the put's create revision: the only write of the Txn
+	if !resp.Succeeded {
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			return a.failed(fmt.Errorf("etcdlock: queueing for %s: the caller's entry vanished (its etcd lease expired or was revoked)", keyfmt.Quote(a.key)))
+		}
+		a.l.rev = kvs[0].CreateRevision // put by a try that went unanswered
+	}
 	if a.view(resp.Responses[1:]).without(g.ID).admits(a.opts) {
 		// The head of the queue at once. A reply within lateReply past
 		// the Timeout still decides; a ctx that ended as the grant landed
@@ -528,9 +560,17 @@ func (a *attempt) wait(dir string) error {
 	defer cancel()
 	stop := context.AfterFunc(l.kctx, cancel)
 	defer stop()
+	ops := append([]clientv3.Op{clientv3.OpGet(l.name)}, a.viewOps(dir, l.rev-1, false)...)
 	for {
-		a.sent, a.replied = time.Now(), false
-		resp, err := p.client.Txn(rctx).Then(append([]clientv3.Op{clientv3.OpGet(l.name)}, a.viewOps(dir, l.rev-1, false)...)...).Commit()
+		// A look that no change prompted (a watch unconfirmed, or a
+		// renewal interval without events) leaves etcd's last word, that
+		// the key is held, standing: unanswered at the Timeout, it is
+		// (nil, nil), as the watch it replaces would have been.
+		a.sent, a.replied = time.Now(), a.unprompted
+		a.unprompted = false
+		resp, _, err := hedge(rctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+			return p.client.Txn(ctx).Then(ops...).Commit()
+		})
 		if err != nil {
 			switch {
 			case a.wctx.Err() != nil:
@@ -566,10 +606,6 @@ func (a *attempt) wait(dir string) error {
 		}
 	}
 }
-
-// retryPause is how long a waiter pauses before it reads the queue again
-// after a failed read (a leader change, a member restarting).
-const retryPause = 50 * time.Millisecond
 
 // queue counts the caller as waiting (d = 1) or no longer (d = -1), once
 // its place in the queue is fixed in etcd.
@@ -692,5 +728,6 @@ func (p *Provider) Close() error {
 		}
 	})
 	p.bg.Wait()
+	p.revokeSpare()
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -174,14 +175,31 @@ func (a *attempt) waitFor(dir string, v view, rev int64) error {
 
 // waitEvents watches key (with opts) for deletions from rev on, until done
 // says one is the change waited for, or the watch ends for another reason
-// (a compaction, a member lost): either way the caller looks at the queue
-// again.
+// (a compaction, a member lost), or a renewal interval passed: either way
+// the caller looks at the queue again.
 func (a *attempt) waitEvents(key string, rev int64, opts []clientv3.OpOption, done func(*clientv3.Event) bool) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(a.wctx))
 	defer cancel()
+	// A watch served by a member that stalled (SIGSTOP, a partition: its
+	// connection stays open) brings nothing: one that etcd has not
+	// confirmed within hedgeAfter (Watch returns once it has) is
+	// cancelled, and the caller looks again — a read that moves to a live
+	// member (see hedge), then a watch on a new stream once no watch is
+	// left on the stalled one. A confirmed watch whose member stalls
+	// later is caught by a look every renewal interval.
+	unconfirmed := time.AfterFunc(hedgeAfter, cancel)
 	wch := a.p.client.Watch(wctx, key, append(opts, clientv3.WithRev(rev), clientv3.WithFilterPut())...)
+	if !unconfirmed.Stop() && a.wctx.Err() == nil {
+		a.unprompted = true
+		return nil
+	}
+	recheck := time.NewTimer(a.p.interval)
+	defer recheck.Stop()
 	for {
 		select {
+		case <-recheck.C:
+			a.unprompted = true
+			return nil
 		case <-a.l.Lost():
 			return fmt.Errorf("etcdlock: waiting for %s: %w", keyfmt.Quote(a.key), a.l.Err())
 		case <-a.wctx.Done():

@@ -1,0 +1,146 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Requests that are safe to send again (the lease grant, the queueing
+// transaction, a waiter's look at its queue, a keepalive, a revoke) are
+// hedged: a request unanswered after a while is sent again beside the
+// first, and the client's balancer (round robin) sends the new try to the
+// next member; the first answer wins. A member that died or stalled leaves
+// a request unanswered — its connection open (SIGSTOP, a partition), or a
+// follower that has not yet seen its leader die forwarding a proposal to
+// it, where it is lost — and etcd itself would hold it for its request
+// timeout (5s and two election timeouts). A try is not cut short: on a
+// cluster that is merely slow, the first try still lands.
+
+// hedgeAfter is how long a Raft write or a linearizable read goes
+// unanswered before it is sent again beside the first: a hundred times what
+// one takes on a healthy cluster. A try that proves unneeded costs a lease
+// that lapses on its own (the grant), or nothing (the others are
+// idempotent).
+const hedgeAfter = 250 * time.Millisecond
+
+// retryFor bounds the retries of the lease grant and of the queueing
+// transaction after etcd's transient errors (no leader, leader changed, a
+// request timed out), when the call has no shorter Timeout: long enough for
+// a new leader to be elected, short enough that a cluster without a quorum
+// is an error, not a wait without end.
+const retryFor = 5 * time.Second
+
+// retryPause is how long a request that etcd failed for now (and that has
+// no other try in flight) pauses before it is sent again.
+const retryPause = 50 * time.Millisecond
+
+// transient reports whether err is etcd's or gRPC's word that a request
+// failed for now: codes.Unavailable (no leader, leader changed, a request
+// timed out, the connection closing).
+func transient(err error) bool {
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return ee.Code() == codes.Unavailable
+	}
+	if s, ok := status.FromError(err); ok {
+		return s.Code() == codes.Unavailable
+	}
+	return false
+}
+
+// hedge sends the request f, which must be safe to send again, and returns
+// the first answer: a try is started at once, another each time every
+// passes without an answer, and another retryPause after etcd failed the
+// last in flight for now (transient), until ctx ends or, when until is
+// not zero, past until. Each try runs on a context that ends when hedge
+// returns, with etcd's require-leader mark (a member that knows it has no
+// leader says so at once instead of holding the request); hedge waits for
+// the tries it started. It returns the first success or other error
+// than a transient one; else the last transient error, or ctx's, or
+// errUnanswered past until. tries is how many
+// were started: more than one, and an answer that the request found
+// nothing to do (a lease already revoked) may be another try's doing.
+func hedge[T any](ctx context.Context, every time.Duration, until time.Time, f func(context.Context) (T, error)) (resp T, tries int, err error) {
+	hctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	type answer struct {
+		resp T
+		err  error
+	}
+	answers := make(chan answer, 1)
+	inFlight := 0
+	start := func() {
+		tries++
+		inFlight++
+		wg.Go(func() {
+			r, err := f(hctx)
+			select {
+			case answers <- answer{r, err}:
+			case <-hctx.Done():
+			}
+		})
+	}
+	start()
+	next := time.NewTimer(every)
+	defer next.Stop()
+	var last error
+	for {
+		select {
+		case a := <-answers:
+			inFlight--
+			if a.err == nil || !transient(a.err) || ctx.Err() != nil {
+				return a.resp, tries, a.err
+			}
+			last = a.err
+			if inFlight == 0 {
+				next.Reset(retryPause)
+			}
+		case <-next.C:
+			if !until.IsZero() && !time.Now().Before(until) {
+				if last == nil {
+					last = errUnanswered
+				}
+				return resp, tries, last
+			}
+			start()
+			next.Reset(every)
+		case <-ctx.Done():
+			select {
+			case a := <-answers: // an answer that came with the end
+				if a.err == nil || !transient(a.err) {
+					return a.resp, tries, a.err
+				}
+			default:
+			}
+			if last == nil {
+				last = ctx.Err()
+			}
+			return resp, tries, last
+		}
+	}
+}
+
+// errUnanswered is the error of a request that no member answered before
+// its retries ended.
+var errUnanswered = fmt.Errorf("no etcd member answered within %v; check that a quorum of the cluster runs", retryFor)
+
+// retryUntil is when the lease grant and the queueing transaction of a
+// call with wctx stop being sent again: retryFor from now, or wctx's
+// deadline if sooner (its end stops them anyway).
+func retryUntil(wctx context.Context) time.Time {
+	until := time.Now().Add(retryFor)
+	if d, ok := wctx.Deadline(); ok && d.Before(until) {
+		return d
+	}
+	return until
+}
