@@ -270,6 +270,8 @@ func TestCheckClientAndTheWarningAtNew(t *testing.T) {
 	require.NotNil(t, p)
 	require.Contains(t, log.String(), "ContextTimeoutEnabled")
 	require.Contains(t, log.String(), "level=WARN")
+	require.Contains(t, log.String(), `msg="redislock: the go-redis client ignores`)
+	require.NotContains(t, log.String(), "redislock: redislock:", "one prefix")
 	require.NoError(t, redislock.CheckClient(redis.NewClusterClient(&redis.ClusterOptions{ContextTimeoutEnabled: true})))
 	require.ErrorIs(t, redislock.CheckClient(redis.NewClusterClient(&redis.ClusterOptions{})), redislock.ErrContextTimeoutDisabled)
 }

@@ -192,7 +192,7 @@ func New(client redis.UniversalClient, opts ...Option) *Provider {
 	p.voids = newJanitor(p)
 	if p.logger != nil {
 		if err := CheckClient(client); err != nil {
-			p.logger.Warn("redislock: "+err.Error(), "ContextTimeoutEnabled", false)
+			p.logger.Warn(err.Error(), "ContextTimeoutEnabled", false)
 		}
 	}
 	return p
