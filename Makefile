@@ -9,7 +9,7 @@ PKGS     := ./... ./bench/... ./tenace/redislock/... ./tenace/oteltenace/... ./t
 # The distributed providers' tests need redis-server, postgresql with pgbouncer, and
 # etcd: as root with apt-get, make test installs what is missing; otherwise it runs
 # every test it can (the distributed ones skip), then fails with the install line.
-.PHONY: servers test test-busy test-race test-allocs test-verify release-check bench bench-quick fuzz mutants lint cover run
+.PHONY: servers test test-busy test-race test-allocs test-verify release-check bench bench-quick bench-ratios fuzz mutants lint cover run
 
 # The parts of make test, in order.
 TEST_PARTS := test-race test-allocs test-verify release-check
@@ -80,6 +80,10 @@ fuzz:
 		echo "== $$t ($(FUZZTIME))"; \
 		$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./fuzz/; \
 	done
+
+## bench-ratios: tenace ÷ the semaphore map, interleaved rounds, median ratios against issue 37's targets
+bench-ratios:
+	./scripts/benchratios
 
 ## mutants: run the fuzz targets against each deliberately broken lock manager
 mutants:

@@ -28,12 +28,15 @@ import (
 // FIFO queues, one waiter per queue, do not model. A set of n keys costs n
 // acquires, as n nested locks would.
 func (g *Group) AcquireAll(ctx context.Context, keys []string, mode Mode, timeout <-chan time.Time) (order []string, grants []*Grant, err error) {
-	order = setOrder(keys)
+	order = Order(keys)
 	grants = make([]*Grant, 0, len(order))
 	for _, key := range order {
 		out, err := g.For(key).Acquire(ctx, key, mode, timeout)
 		if err != nil || !out.Granted {
-			releaseGranted(grants)
+			// The last first: the reverse of the order taken.
+			for i := len(grants) - 1; i >= 0; i-- {
+				grants[i].Release()
+			}
 			return order, nil, err
 		}
 		grants = append(grants, out.Grant())

@@ -556,11 +556,11 @@ func (s *Shard) SharedStats() (keys, holders, waiting int) {
 // receiving a channel made in another bubble. A pooled waiter's channel is
 // always empty (every path that pools one has received its one reply).
 func (s *Shard) getWaiter() *waiter {
-	if w, ok := waiterPool(s).Get().(*waiter); ok {
+	if w, ok := s.waiters.Get().(*waiter); ok {
 		return w
 	}
 	// Buffer of one: the shard's reply never blocks (see waiter).
 	return &waiter{Value: make(chan reply, 1)}
 }
 
-func (s *Shard) putWaiter(w *waiter) { waiterPool(s).Put(w) }
+func (s *Shard) putWaiter(w *waiter) { s.waiters.Put(w) }

@@ -144,6 +144,12 @@ func contended(token uint64) uint64 { return token<<1 | 1 }
 func tokenOfWord(s uint64) uint64   { return s >> 1 }
 func isContended(s uint64) bool     { return s&1 == 1 && s != stDead }
 
+// isCurrent reports whether word s is held by grant token: held or
+// contended, with that token.
+func isCurrent(s, token uint64) bool {
+	return s != stFree && s != stDead && tokenOfWord(s) == token
+}
+
 // entry is one key's lock: its state word and its FIFO queue of waiters.
 // Everything but state is owned by the table's owner.
 type entry[T any] struct {
@@ -375,10 +381,6 @@ func (t *Table[T]) TryAcquire(key string, w *Waiter[T]) (granted bool) {
 		t.grantFree(e, s, w)
 		return true
 	}
-	if !refusesHeld() {
-		t.grantFree(e, stFree, w)
-		return true
-	}
 	w.state = Refused
 	return false
 }
@@ -442,7 +444,7 @@ func admits[T any](e *entry[T], s uint64, w *Waiter[T]) bool {
 	if s == stFree {
 		return true
 	}
-	return s == stShared && (w.shared || writerBesideReaders()) && (e.permits == 0 || e.shared < e.permits)
+	return s == stShared && w.shared && (e.permits == 0 || e.shared < e.permits)
 }
 
 // ReleaseByCAS is the holder's release of h, from any goroutine: one
@@ -459,7 +461,7 @@ func admits[T any](e *entry[T], s uint64, w *Waiter[T]) bool {
 // that includes this release (the decrement came before the read). Each
 // atomic is used once, never looped on.
 func (t *Table[T]) ReleaseByCAS(h *Held[T]) (released, reap bool) {
-	if h.token&sharedBit != 0 || h.lock == nil || !h.lock.state.CompareAndSwap(releaseWord(h.lock, h.token), stFree) {
+	if h.token&sharedBit != 0 || h.lock == nil || !h.lock.state.CompareAndSwap(held(h.token), stFree) {
 		return false, false
 	}
 	n := t.held.Add(-1)
@@ -482,7 +484,7 @@ func (t *Table[T]) Reap() {
 	// Backwards: remove moves the last entry into the hole, and the last
 	// was already looked at.
 	for i := len(t.all) - 1; i >= 0; i-- {
-		if e := t.all[i]; reclaimable(e) {
+		if e := t.all[i]; e.state.Load() == stFree {
 			t.remove(e)
 		}
 	}
@@ -628,7 +630,7 @@ func (t *Table[T]) handOn(e *entry[T], s uint64, vacant bool) *Waiter[T] {
 	}
 	var first, last *Waiter[T]
 	for {
-		w := nextHolder(e)
+		w := e.head
 		if w == nil || (!vacant && !admits(e, s, w)) {
 			return first
 		}
@@ -713,9 +715,6 @@ func (t *Table[T]) Cancel(w *Waiter[T]) (removed bool, next *Waiter[T]) {
 	switch w.state {
 	case Queued:
 		w.state = Cancelled
-		if !leavesQueue() {
-			return true, nil
-		}
 		e := w.lock
 		t.unlink(e, w)
 		s := e.state.Load()
@@ -730,14 +729,14 @@ func (t *Table[T]) Cancel(w *Waiter[T]) (removed bool, next *Waiter[T]) {
 		return true, nil
 	case Granted:
 		e := w.lock
-		if e == nil || !passesOnRacedGrant() {
+		if e == nil {
 			break
 		}
 		s := e.state.Load()
 		if w.shared {
 			// Its Grant was never handed out, so nobody else can end it:
 			// the permit is still taken, unless the table was drained.
-			if s == stShared && givesBackRacedPermit() {
+			if s == stShared {
 				w.state = Cancelled // a second Cancel gives back nothing
 				return false, t.leaveShared(e)
 			}

@@ -33,6 +33,9 @@ type Impl struct {
 	// in-process family), with room for goroutines concurrent callers and,
 	// for tenace in-process, shards shards (0: the default).
 	Make func(addr string, goroutines, shards int) (Locker, error)
+	// Gives lists the guarantees it gives its callers (givesOrder,
+	// givesCancel, givesFencing), for the conclusions under the table.
+	Gives []string
 }
 
 // Family is a set of implementations that run on one provider: the
@@ -404,6 +407,7 @@ func Run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	fmt.Fprint(stdout, footnote(rs))
+	conclude(stdout, rs)
 	for _, n := range notes {
 		fmt.Fprintf(stdout, "\n%s", n)
 	}

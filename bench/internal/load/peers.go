@@ -33,27 +33,30 @@ func memoryFamily() *Family {
 		return func(_ string, _, shards int) (Locker, error) { return mk(shards), nil }
 	}
 	return &Family{Name: "memory", Base: "tenace", Scenarios: strings.Join(defaultScenarios, ","), Goroutines: "1,16,256", Impls: []Impl{
-		{"tenace", "tenace MemoryLockProvider, default shards (GOMAXPROCS)", mem(func(shards int) Locker {
+		{Name: "tenace", Desc: "tenace MemoryLockProvider, default shards (GOMAXPROCS)", Gives: tenaceGives, Make: mem(func(shards int) Locker {
 			return &tenaceLocker{p: NewMemoryProvider(shards)}
 		})},
-		{"tenace-1shard", "tenace MemoryLockProvider, WithShards(1)", mem(func(int) Locker {
+		{Name: "tenace-1shard", Desc: "tenace MemoryLockProvider, WithShards(1)", Gives: tenaceGives, Make: mem(func(int) Locker {
 			return &tenaceLocker{p: tenace.NewMemoryLockProvider(tenace.WithShards(1))}
 		})},
-		{"pipeline", "tenace NewPolicy().WithLock(...) through Execute", mem(func(shards int) Locker {
+		{Name: "pipeline", Desc: "tenace NewPolicy().WithLock(...) through Execute", Gives: tenaceGives, Make: mem(func(shards int) Locker {
 			p := NewMemoryProvider(shards)
 			return &PipelineLocker{P: p, Policy: tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p})}
 		})},
-		{"semaphore", "map of x/sync semaphore.Weighted(1), reference counted: FIFO + context", mem(func(int) Locker {
+		{Name: "semaphore", Desc: "map of x/sync semaphore.Weighted(1), reference counted: FIFO + context", Gives: []string{givesOrder, givesCancel}, Make: mem(func(int) Locker {
 			return &semaphoreLocker{m: map[string]*semEntry{}}
 		})},
-		{"moby", "github.com/moby/locker: per-key sync.Mutex, no FIFO, no timeout", mem(func(int) Locker {
+		{Name: "moby", Desc: "github.com/moby/locker: per-key sync.Mutex, no FIFO, no timeout", Make: mem(func(int) Locker {
 			return &mobyLocker{l: locker.New()}
 		})},
-		{"keymutex", "k8s.io/utils/keymutex hashed over GOMAXPROCS mutexes: keys can collide", mem(func(int) Locker {
+		{Name: "keymutex", Desc: "k8s.io/utils/keymutex hashed over GOMAXPROCS mutexes: keys can collide", Make: mem(func(int) Locker {
 			return &keymutexLocker{k: keymutex.NewHashed(runtime.GOMAXPROCS(0))}
 		})},
 	}}
 }
+
+// tenaceGives is what tenace's in-process rows give their callers.
+var tenaceGives = []string{givesOrder, givesCancel, givesFencing}
 
 // NewMemoryProvider is tenace's in-process provider with shards shards (0:
 // its default).

@@ -1,6 +1,0 @@
-//go:build tenace_mutant_casignoreswaiters
-
-package shard
-
-// mutant casignoreswaiters: a holder's CAS frees its key even when waiters queue for it.
-const mutant = "casignoreswaiters"
