@@ -24,15 +24,21 @@ import (
 // process running a version before shared locks all see the key held, and
 // none of them touches it. The holders are a sorted set (holdersKey) whose
 // members are grant tokens and scores their expiry in ms on the server's
-// clock; the lock name's own expiry is kept at the latest of them, so that
-// it outlives every live holder, and it is deleted with the last one.
+// clock; the lock name's own expiry is kept at the latest of them, set as
+// that absolute time (PXAT, PEXPIREAT) from the same TIME reading, never
+// relative to the clock the server runs a script on, so that it outlives
+// every live holder: a script that finds no lock name knows that no holder
+// is live (the exclusive caller's grant reads no holders), and the name is
+// deleted with the last one.
 //
 // It begins with fenceLua (micros(), nextFence). now() is the server's
 // TIME in ms (a script reads TIME once: the fence and the expiries come
 // from the same reading); prune(h, now) drops the holders of
 // sorted set h that expired; settle(lock, h, now) deletes lock and h once h
 // has no live holder, else sets lock's expiry to the latest holder's;
-// extend(k, px) makes k live at least px ms more.
+// extend(k, px) makes k live at least px ms more; extendTo(k, ms, at)
+// makes k live at least until the absolute time at (ms is now()): never
+// shorter than it was, since ms + PTTL is at or after k's expiry.
 const sharedLua = fenceLua + `
 local function now()
 	return math.floor(micros() / 1000)
@@ -61,6 +67,13 @@ local function extend(k, px)
 	if ttl < px then
 		redis.call('PEXPIRE', k, px)
 	end
+end
+local function extendTo(k, ms, at)
+	local ttl = redis.call('PTTL', k)
+	if ttl >= 0 and ms + ttl > at then
+		at = ms + ttl
+	end
+	redis.call('PEXPIREAT', k, at)
 end
 `
 
@@ -140,7 +153,7 @@ if shared and void and string.sub(void, 1, 5) == 'held:' then
 	void = nil
 end
 local live = 0
-if holder or redis.call('EXISTS', KEYS[4]) == 1 then
+if holder or shared and redis.call('EXISTS', KEYS[4]) == 1 then
 	prune(KEYS[4], ms)
 	live = redis.call('ZCARD', KEYS[4])
 	if live == 0 then
@@ -193,9 +206,9 @@ local px = tonumber(ARGV[2])
 redis.call('ZADD', KEYS[4], ms + px, ARGV[1])
 redis.call('SET', KEYS[3], 'held:' .. string.format('%.0f', fence), 'PX', ARGV[6])
 if holder then
-	extend(KEYS[1], px)
+	extendTo(KEYS[1], ms, ms + px)
 else
-	redis.call('SET', KEYS[1], 'shared:' .. count, 'PX', px)
+	redis.call('SET', KEYS[1], 'shared:' .. count, 'PXAT', ms + px)
 end
 extend(KEYS[4], px)
 return {1, fence}

@@ -59,7 +59,7 @@ if exp and tonumber(exp) > ms then
 	local px = tonumber(ARGV[2])
 	redis.call('ZADD', KEYS[2], 'XX', ms + px, ARGV[1])
 	if isShared(redis.call('GET', KEYS[1])) then
-		extend(KEYS[1], px)
+		extendTo(KEYS[1], ms, ms + px)
 	end
 	extend(KEYS[2], px)
 	return 1
