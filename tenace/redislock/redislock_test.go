@@ -413,7 +413,7 @@ func TestPolicyEndToEnd(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, err)
-	require.Equal(t, []string{"lock.acquiring", "lock.acquired", "lock.acquiring", "lock.rejected", "lock.acquiring", "lock.rejected", "lock.released"}, rec)
+	require.Equal(t, []string{"lock.acquiring", "lock.acquired", "lock.acquiring", "lock.rejected", "lock.acquiring", "lock.deadlock", "lock.released"}, rec)
 
 	srv.Kill()
 	err = pol.Execute(bg, func(context.Context) error { return nil })
