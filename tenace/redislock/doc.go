@@ -94,7 +94,11 @@
 // The shared holders of a key are a sorted set (its name and ":holders")
 // whose members are the grant tokens and scores their expiry, in ms on the
 // server's clock; while any holds the key, the lock name holds "shared:N"
-// (N the permit count) instead of a token, expiring with the latest holder.
+// (N the permit count) instead of a token, expiring with the latest holder:
+// at that holder's expiry itself, set as an absolute time (SET … PXAT,
+// PEXPIREAT; Redis 6.2 or later), so a key whose lock name is gone has no
+// live holder, and an exclusive caller that finds it free reads no
+// holders.
 // Each try's script first drops the holders whose expiry has passed
 // (ZREMRANGEBYSCORE by the server's TIME); then it grants a shared caller
 // if no exclusive holder holds the key, no writer waits (below), and the
