@@ -5,7 +5,6 @@ package failsafelock_test
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"strconv"
 	"sync"
@@ -193,7 +192,7 @@ func TestRedisCancelRacingTheGrant(t *testing.T) {
 }
 
 // cancelHook, once armed, calls its cancel function when the client sends
-// the next acquire script (the script with five keys; redislock's own tests name the scripts the same way): before sending it,
+// the next acquire script (redislock.ScriptName "acquire"): before sending it,
 // or after its reply came back.
 type cancelHook struct {
 	armed  atomic.Pointer[context.CancelFunc]
@@ -212,11 +211,9 @@ func (h *cancelHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 func (h *cancelHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		var cancel context.CancelFunc
-		if n := cmd.Name(); n == "evalsha" || n == "eval" {
-			if args := cmd.Args(); len(args) > 2 && fmt.Sprint(args[2]) == "5" {
-				if c := h.armed.Swap(nil); c != nil {
-					cancel = *c
-				}
+		if redislock.ScriptName(cmd) == "acquire" {
+			if c := h.armed.Swap(nil); c != nil {
+				cancel = *c
 			}
 		}
 		if cancel != nil && h.before.Load() {

@@ -14,7 +14,6 @@ import (
 
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/internal/keyfmt"
-	"tenace.dev/tenace/internal/noreply"
 )
 
 // sharedLua is the Lua the scripts that touch shared holders begin with.
@@ -25,19 +24,22 @@ import (
 // process running a version before shared locks all see the key held, and
 // none of them touches it. The holders are a sorted set (holdersKey) whose
 // members are grant tokens and scores their expiry in ms on the server's
-// clock; the lock name's own expiry is kept at the latest of them, so that
-// it outlives every live holder, and it is deleted with the last one.
+// clock; the lock name's own expiry is kept at the latest of them, set as
+// that absolute time (PXAT, PEXPIREAT) from the same TIME reading, never
+// relative to the clock the server runs a script on, so that it outlives
+// every live holder: a script that finds no lock name knows that no holder
+// is live (the exclusive caller's grant reads no holders), and the name is
+// deleted with the last one.
 //
-// micros() is the server's TIME in µs and now() in ms (a script reads
-// TIME once: the fence and the expiries come from the same reading); prune(h, now) drops the holders of
+// It begins with fenceLua (micros(), nextFence). now() is the server's
+// TIME in ms (a script reads TIME once: the fence and the expiries come
+// from the same reading); prune(h, now) drops the holders of
 // sorted set h that expired; settle(lock, h, now) deletes lock and h once h
 // has no live holder, else sets lock's expiry to the latest holder's;
-// extend(k, px) makes k live at least px ms more.
-const sharedLua = `
-local function micros()
-	local t = redis.call('TIME')
-	return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+// extend(k, px) makes k live at least px ms more; extendTo(k, ms, at)
+// makes k live at least until the absolute time at (ms is now()): never
+// shorter than it was, since ms + PTTL is at or after k's expiry.
+const sharedLua = fenceLua + `
 local function now()
 	return math.floor(micros() / 1000)
 end
@@ -65,6 +67,32 @@ local function extend(k, px)
 	if ttl < px then
 		redis.call('PEXPIRE', k, px)
 	end
+end
+local function extendTo(k, ms, at)
+	local ttl = redis.call('PTTL', k)
+	if ttl >= 0 and ms + ttl > at then
+		at = ms + ttl
+	end
+	redis.call('PEXPIREAT', k, at)
+end
+`
+
+// fenceLua is the fencing rule, in the one place every script that grants
+// a key takes it from: micros() is the server's TIME in µs, and
+// nextFence(k, us) advances the fencing counter k and returns the new
+// token.
+//
+// The fencing token is max(counter + 1, the server's TIME in µs): strictly
+// above every earlier token of the key while the counter lives, and, after
+// a restart that lost the counter, above every token handed out before,
+// unless the server's clock went back (the counter runs ahead of the clock
+// only while a key is granted more than once a µs).
+// Lua numbers are doubles, exact below 2^53 (µs since 1970 are about 2^51),
+// and formatted with %.0f, since tostring would round to 14 digits.
+const fenceLua = `
+local function micros()
+	local t = redis.call('TIME')
+	return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local function nextFence(k, us)
 	local fence = us
@@ -102,17 +130,10 @@ end
 // than the key's count (the first holder's ARGV[4]; 0: no limit). A shared
 // grant is a member of the holders and a marker, in the token's void
 // marker, that keeps its fencing token for a retry of the same acquire.
-//
-// The fencing token is max(counter + 1, the server's TIME in µs): strictly
-// above every earlier token of the key while the counter lives, and, after
-// a restart that lost the counter, above every token handed out before,
-// unless the server's clock went back (the counter runs ahead of the clock
-// only while a key is granted more than once a µs).
-// Lua numbers are doubles, exact below 2^53 (µs since 1970 are about 2^51),
-// and formatted with %.0f, since tostring would round to 14 digits.
-var acquireScript = redis.NewScript(`
+// The fencing token follows fenceLua's rule.
+var acquireScript = newScript("acquire", `
 redis.replicate_commands()
-` + sharedLua + `
+`+sharedLua+`
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
 	return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
@@ -132,7 +153,7 @@ if shared and void and string.sub(void, 1, 5) == 'held:' then
 	void = nil
 end
 local live = 0
-if holder or redis.call('EXISTS', KEYS[4]) == 1 then
+if holder or shared and redis.call('EXISTS', KEYS[4]) == 1 then
 	prune(KEYS[4], ms)
 	live = redis.call('ZCARD', KEYS[4])
 	if live == 0 then
@@ -185,9 +206,9 @@ local px = tonumber(ARGV[2])
 redis.call('ZADD', KEYS[4], ms + px, ARGV[1])
 redis.call('SET', KEYS[3], 'held:' .. string.format('%.0f', fence), 'PX', ARGV[6])
 if holder then
-	extend(KEYS[1], px)
+	extendTo(KEYS[1], ms, ms + px)
 else
-	redis.call('SET', KEYS[1], 'shared:' .. count, 'PX', px)
+	redis.call('SET', KEYS[1], 'shared:' .. count, 'PXAT', ms + px)
 end
 extend(KEYS[4], px)
 return {1, fence}
@@ -206,7 +227,6 @@ type attempt struct {
 	shared                          bool          // a shared caller: one of the key's permits
 	permits                         int           // with shared: the key's count (0: no limit)
 	markMS                          int64         // an exclusive waiter's mark life in ms (see markLife); 0: it does not mark
-	writerWaits                     bool          // the last try was a shared caller's, refused because a writer waits
 	marked                          bool          // a try of this exclusive caller marked the key (see unmark)
 	keys                            []string      // the acquire script's, made by its first run
 	args                            []any         // likewise
@@ -268,7 +288,7 @@ func (p *Provider) unmark(a *attempt) {
 // unmarkScript takes a waiting writer's mark (ARGV[1]) off the key's
 // writers (KEYS[1]) and, if it was there, publishes on the key's release
 // channel (ARGV[2]).
-var unmarkScript = redis.NewScript(`
+var unmarkScript = newScript("unmark", `
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
 	redis.call('PUBLISH', ARGV[2], '1')
 end
@@ -382,14 +402,14 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	}
 	w, done := p.waitContexts(ctx, opts)
 	defer done()
-	l, err := p.acquire(w, a, noWait)
-	if l == nil {
+	ls, err := p.drive(w, a, noWait)
+	if ls == nil {
 		if a.marked {
 			p.unmark(a)
 		}
 		return nil, err
 	}
-	return l, nil
+	return ls[0], nil
 }
 
 // SupportsShared reports true: Acquire honours LockAcquireOptions.Shared
@@ -442,7 +462,7 @@ const retrySilence = 200 * time.Millisecond
 // Later than that, the process was starved of CPU (a loaded machine, a GC
 // pause): the reply may have come in time and been left unread, since a
 // socket read past its deadline fails even with the reply in the buffer.
-// The try is then asked again once (recheck).
+// The try is then asked again once (actRecheck).
 const starvedBy = 25 * time.Millisecond
 
 // starved reports whether a first try that failed with err was cut short
@@ -463,102 +483,11 @@ func starved(w waitCtx, err error) bool {
 	return time.Since(d) > starvedBy
 }
 
-// recheck runs the attempt's script once more, with half of lateReply for
-// its answer (a live server answers in well under a millisecond; the
-// bound on a stalled one is already stretched by the starvation): see
-// starved.
-func (a *attempt) recheck(w waitCtx) (*lease, time.Duration, error) {
-	ctx, cancel := context.WithTimeout(w.caller, lateReply/2)
-	defer cancel()
-	return a.try(ctx)
-}
-
 // probeAfter is how long a try may go without a reply before Acquire dials
 // the server itself (see Provider.probe): a dial that fails (connection
 // refused, no route) ends the try at once with that error, instead of after
 // go-redis's own dial retries (about 2s with its defaults).
 const probeAfter = 5 * time.Millisecond
-
-// acquire: see waitCtx.
-func (p *Provider) acquire(w waitCtx, a *attempt, noWait bool) (*lease, error) {
-	l, holderTTL, err := a.try(w.try)
-	if err != nil && starved(w, err) {
-		// Read too late to tell: ask again, as the same attempt (a grant
-		// by the first try is found and returned). A copy of the first
-		// try may still run after this one's answer: voided, unless this
-		// one was granted.
-		if l, holderTTL, err = a.recheck(w); err == nil && l == nil {
-			a.p.voids.add(a)
-		}
-	}
-	if err != nil {
-		return nil, a.failed(w, err, false)
-	}
-	if l != nil || noWait {
-		return l, nil
-	}
-	if w.acq.Err() != nil {
-		// The reply came after the Timeout (within lateReply) or ctx
-		// ended: "held", or ctx's error.
-		return nil, a.outcome(w, nil, nil)
-	}
-
-	// Subscribe first, then try again: a release between the first try and
-	// the subscription would otherwise go unheard. The subscription shares
-	// the provider's one Pub/Sub connection.
-	sw, err := p.subs.subscribe(w.call, a.channel, !a.shared)
-	if errors.Is(err, errClosed) {
-		return nil, errClosed
-	}
-	if err != nil {
-		// The server answered the try that the key was held: a Timeout
-		// that ends the wait for the subscription ends a wait for a
-		// release, (nil, nil).
-		return nil, a.outcome(w, fmt.Errorf("redislock: subscribing to the release channel of %s: %w", keyfmt.Quote(a.key), err), nil)
-	}
-	acquired := false
-	// A waiter that leaves without the lock hands a wake-up on, and so does
-	// a shared one granted: the release may have room for the next too.
-	defer func() { p.subs.unsubscribe(sw, acquired && !a.shared) }()
-	// Until Redis confirms the subscription a release could go unheard, so
-	// the confirmation itself means: try again. After it, a release message
-	// (or a broken connection, which may have lost one) wakes the waiter,
-	// and the fallback timer covers a message lost anyway.
-	confirmed := sw.sub.confirmed
-	retry := time.NewTimer(p.nextWait(holderTTL))
-	defer retry.Stop()
-	for {
-		woken := false
-		select {
-		case <-confirmed:
-			confirmed = nil
-		case <-sw.wake:
-			woken = true
-		case <-retry.C:
-		case <-w.acq.Done():
-			return nil, a.outcome(w, nil, nil)
-		case <-p.closing:
-			return nil, errClosed
-		}
-		if w.acq.Err() != nil { // ended as another case was chosen
-			return nil, a.outcome(w, nil, nil)
-		}
-		sent := time.Now()
-		if l, holderTTL, err = a.try(w.try); err != nil {
-			return nil, a.failed(w, err, noreply.Unanswered(w.try, sent) < retrySilence)
-		}
-		if l != nil {
-			acquired = true
-			return l, nil
-		}
-		if woken && a.writerWaits {
-			// The release that woke this shared waiter is a writer's to
-			// take: a writer of this process, if one waits, tries now.
-			p.subs.wakeWriter(sw)
-		}
-		retry.Reset(p.nextWait(holderTTL))
-	}
-}
 
 // nextWait is how long a waiter waits before trying again if no release
 // message comes: the jittered fallback interval, but never past the
@@ -578,41 +507,45 @@ func (p *Provider) nextWait(holderTTL time.Duration) time.Duration {
 // try runs the acquire script once (go-redis may send it more than once),
 // through Provider.probed: a server that refuses connections ends it with
 // an *unreachableError, probeAfter after the send unless answered by then.
-func (a *attempt) try(ctx context.Context) (*lease, time.Duration, error) {
-	var l *lease
-	var holderTTL time.Duration
+func (a *attempt) try(ctx context.Context) (reply, error) {
+	var r reply
 	err := a.p.probed(ctx, func(ctx context.Context) error {
 		var err error
-		l, holderTTL, err = a.tryOn(ctx)
+		r, err = a.tryOn(ctx)
 		return err
 	})
 	if err != nil {
-		return nil, 0, err
+		return reply{}, err
 	}
-	return l, holderTTL, nil
+	return r, nil
 }
 
 // tryOn runs the acquire script once with ctx, and reads its reply.
-func (a *attempt) tryOn(ctx context.Context) (*lease, time.Duration, error) {
+func (a *attempt) tryOn(ctx context.Context) (reply, error) {
 	start := time.Now() // before the send: the local expiry is never after Redis's
 	res, err := a.run(ctx)
 	if err != nil {
-		return nil, 0, err
+		return reply{}, err
 	}
 	if len(res) < 2 {
-		return nil, 0, fmt.Errorf("unexpected script reply %v", res)
+		return reply{}, fmt.Errorf("unexpected script reply %v", res)
 	}
-	a.writerWaits = len(res) > 2 && res[2] == 1
 	a.marked = a.marked || len(res) > 2 && res[2] == 2
 	switch res[0] {
 	case 1:
-		return a.p.newLease(a, uint64(res[1]), start), 0, nil
+		return reply{leases: []*lease{a.p.newLease(a, uint64(res[1]), start)}}, nil
 	case 0:
-		return nil, time.Duration(res[1]) * time.Millisecond, nil
+		return reply{holderTTL: time.Duration(res[1]) * time.Millisecond, writerWaits: len(res) > 2 && res[2] == 1}, nil
 	default: // voided: only after Acquire returned, so never seen by a live one
-		return nil, 0, errors.New("the acquire was voided")
+		return reply{}, errors.New("the acquire was voided")
 	}
 }
+
+// The claim of one key: see claim.
+func (a *attempt) queueVoid()         { a.p.voids.add(a) }
+func (a *attempt) describe() string   { return keyfmt.Quote(a.key) }
+func (a *attempt) channels() []string { return []string{a.channel} }
+func (a *attempt) exclusive() bool    { return !a.shared }
 
 // run runs the acquire script once and returns its reply.
 // Its keys and arguments are made once, on the first try: a waiter's
@@ -636,51 +569,12 @@ func (a *attempt) run(ctx context.Context) ([]int64, error) {
 // The acquire script's mode argument, and a mark life of none, boxed once.
 var argExclusive, argShared, argNone any = "0", "1", int64(0)
 
-// outcomeWait bounds how long outcome waits for a context whose deadline
+// outcomeWait bounds how long verdict waits for a context whose deadline
 // has passed to report its end. Its timer fires within microseconds, or as
 // soon as the scheduler runs it on a loaded machine (20ms was not enough
 // under -race beside other work); the wait ends the moment it does, so the
 // bound is only against a context that never reports its deadline.
 const outcomeWait = time.Second
-
-// failed handles a try that returned err: the script may have run, or may
-// yet run, so the token is voided in the background; then it reports.
-//
-// The rule: (nil, nil) only when the server answered "held". An error
-// reply (a redis.Error) is the server's answer, and a failed dial (the
-// server refuses connections or cannot be reached) the proof that there
-// is none: both are returned as themselves, at once, whatever the
-// Timeout. A try the Timeout (and lateReply after it) cut short is an
-// error wrapping ErrNoReply, not (nil, nil), which says another call holds
-// the key and which a Lock reports as contention (lock.rejected) rather
-// than a failure — unless waiting says it is a retry, after the server
-// answered "held", cut short less than retrySilence after it was sent: then
-// part of the wait, (nil, nil).
-func (a *attempt) failed(w waitCtx, err error, waiting bool) error {
-	a.p.voids.add(a)
-	var reply redis.Error
-	isReply := errors.As(err, &reply)
-	if !isReply && !isDialFailure(err) && w.caller.Err() == nil {
-		// No answer: before calling it silence, dial (a process starved
-		// of CPU may not have run the try's own probe in time). A stalled
-		// server's kernel accepts the connection; a dead one refuses it.
-		if down := a.p.dialNow(); down != nil {
-			err = down
-		}
-	}
-	failure := fmt.Errorf("redislock: acquiring %s: %w", keyfmt.Quote(a.key), err)
-	if isReply || isDialFailure(err) {
-		return a.outcome(w, failure, failure)
-	}
-	if waiting {
-		return a.outcome(w, failure, nil)
-	}
-	// err is most often the try's own deadline: quoted, not wrapped, so
-	// that errors.Is(err, context.DeadlineExceeded) stays the caller's
-	// ctx's (SPEC).
-	timedOut := fmt.Errorf("redislock: acquiring %s: %w within the %v Timeout (%v)", keyfmt.Quote(a.key), ErrNoReply, w.timeout, err)
-	return a.outcome(w, failure, timedOut)
-}
 
 // dialNow runs the provider's probe (if it has one) for at most probeWait,
 // and returns an *unreachableError if the dial failed other than by its
@@ -728,28 +622,6 @@ func isDialFailure(err error) bool {
 	var down *unreachableError
 	var op *net.OpError
 	return errors.As(err, &down) || errors.As(err, &op) && op.Op == "dial"
-}
-
-// outcome is what Acquire returns when it returns no lease: ctx's error if
-// ctx ended; timedOut if the Timeout did (nil when it passed while waiting
-// for a release; else the error failed chose); else err.
-//
-// A deadline and the i/o timeout go-redis sets from it fire on different
-// clocks (a timer, the network poller), so a call can fail with an i/o
-// timeout a moment before ctx reports its end. Once the deadline has passed
-// the context ends within moments: wait for it, so that the caller sees
-// ctx's error (or the Timeout's outcome), not an i/o error. (The wait is
-// bounded, and the deadlines are the calls' own: real time.)
-func (a *attempt) outcome(w waitCtx, err, timedOut error) error {
-	awaitDeadline(w.call)
-	awaitDeadline(w.caller)
-	if err := w.caller.Err(); err != nil {
-		return err
-	}
-	if tenace.TimedOut(w.caller, w.acq) {
-		return timedOut
-	}
-	return err
 }
 
 // awaitDeadline waits, for at most outcomeWait, for ctx to report its end

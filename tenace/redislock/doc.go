@@ -94,7 +94,11 @@
 // The shared holders of a key are a sorted set (its name and ":holders")
 // whose members are the grant tokens and scores their expiry, in ms on the
 // server's clock; while any holds the key, the lock name holds "shared:N"
-// (N the permit count) instead of a token, expiring with the latest holder.
+// (N the permit count) instead of a token, expiring with the latest holder:
+// at that holder's expiry itself, set as an absolute time (SET … PXAT,
+// PEXPIREAT; Redis 6.2 or later), so a key whose lock name is gone has no
+// live holder, and an exclusive caller that finds it free reads no
+// holders.
 // Each try's script first drops the holders whose expiry has passed
 // (ZREMRANGEBYSCORE by the server's TIME); then it grants a shared caller
 // if no exclusive holder holds the key, no writer waits (below), and the
@@ -188,8 +192,23 @@
 // of its own, renewed and lost as a single one. Keys on different slots
 // are taken one at a time in sorted order, with Acquire
 // (tenace.AcquireAll's generic path): deadlock-free among sets, holding
-// the keys granted while it waits for the next. A cycle between processes
-// that hold keys one by one and wait for others is not detected.
+// the keys granted while it waits for the next.
+//
+// # Deadlocks
+//
+// A Lock that asks for a key its own execution already holds is refused at
+// once with a *tenace.DeadlockError, on this provider as on any (the Lock
+// step checks it). A cycle through two or more keys is not detected: not
+// between processes (each sees only its own waits, and the server keeps
+// no record of who waits for whom), and not between executions of one
+// process either (tenace's cycle detector sees the waits of a
+// tenace.MemoryLockProvider only). Such a cycle is bounded by the
+// Timeouts alone: each waiter of it waits until its Timeout (or ctx) ends
+// and returns (nil, nil), which a Lock reports as contention
+// (*tenace.LockNotAcquiredError); with a Timeout of 0 it waits forever.
+// Give nested Locks a Timeout, take keys in one order, or take them
+// together as a set (AcquireSet, LockOptions.Keys), which on one slot
+// never waits while holding a key.
 //
 // # Names
 //

@@ -737,8 +737,8 @@ func TestWaitersAreNotHeldByAPubSubReconnectInProgress(t *testing.T) {
 func TestAFractionalWindowNeverPromisesMoreThanTheServerKeeps(t *testing.T) {
 	_, c := setup(t)
 	var renewalSent atomic.Int64 // UnixNano of the first renewal's send
-	c.AddHook(scriptHook(func(numKeys string) {
-		if numKeys == "1" {
+	c.AddHook(scriptHook(func(name string) {
+		if name == "renew" {
 			renewalSent.CompareAndSwap(0, time.Now().UnixNano())
 		}
 	}))

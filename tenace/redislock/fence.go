@@ -47,7 +47,7 @@ end
 return redis.call('HGET', KEYS[1], 'value')
 `
 
-var fenceScript = redis.NewScript(FenceLua)
+var fenceScript = newScript("fence", FenceLua)
 
 // ErrStaleToken is what FencedGet and FencedSet return, wrapped, when the
 // key has already admitted a higher fencing token than the caller's: a newer

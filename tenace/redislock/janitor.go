@@ -20,7 +20,7 @@ import (
 // it, waking its waiters. Marker first, then delete: the order does not
 // matter within a script, and either order of the two scripts on the server
 // leaves the key free.
-var voidScript = redis.NewScript(`
+var voidScript = newScript("void", `
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
 if redis.call('GET', KEYS[1]) == ARGV[1] then
 	redis.call('DEL', KEYS[1])
@@ -34,9 +34,9 @@ return 0
 // KEYS[3] the shared holders; ARGV as voidScript's. voidScript for a
 // shared caller: it marks the token void and removes its member if it is
 // one of the holders (see sharedReleaseScript).
-var sharedVoidScript = redis.NewScript(`
+var sharedVoidScript = newScript("sharedVoid", `
 redis.replicate_commands()
-` + sharedLua + `
+`+sharedLua+`
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
 if redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
 	settle(KEYS[1], KEYS[3], now())

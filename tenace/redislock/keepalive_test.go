@@ -27,20 +27,16 @@ import (
 	"tenace.dev/tenace/redislock"
 )
 
-// scriptHook calls its function with the number of keys of every script
-// the client sends (EVAL/EVALSHA sha numkeys ...): "1" a renewal (or, with
-// shared holders, a waiting writer's unmark), "2" a
-// release (or a void), "5" an acquire; a shared lease's renewal has 2 keys,
-// its release and void 3.
-type scriptHook func(numKeys string)
+// scriptHook calls its function with the name of every script of the
+// provider the client sends (redislock.ScriptName: "acquire", "renew",
+// "release", "void", ...).
+type scriptHook func(name string)
 
 func (f scriptHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (f scriptHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if n := cmd.Name(); n == "evalsha" || n == "eval" {
-			if args := cmd.Args(); len(args) > 2 {
-				f(fmt.Sprint(args[2]))
-			}
+		if name := redislock.ScriptName(cmd); name != "" {
+			f(name)
 		}
 		return next(ctx, cmd)
 	}
@@ -72,8 +68,8 @@ func kept() []redislock.Option {
 type renewalHook struct{ n atomic.Int64 }
 
 func (h *renewalHook) hook() scriptHook {
-	return func(numKeys string) {
-		if numKeys == "1" {
+	return func(name string) {
+		if name == "renew" {
 			h.n.Add(1)
 		}
 	}
@@ -407,8 +403,8 @@ func TestASlowGrantIsRenewedBeforeItsExpiry(t *testing.T) {
 	warm(t, c, p)
 	var once sync.Once
 	sent := make(chan struct{})
-	c.AddHook(scriptHook(func(numKeys string) {
-		if numKeys == "5" {
+	c.AddHook(scriptHook(func(name string) {
+		if name == "acquire" {
 			once.Do(func() { close(sent) })
 		}
 	}))
@@ -443,13 +439,13 @@ type stallOnRenewal struct {
 }
 
 func (h *stallOnRenewal) hook() scriptHook {
-	return func(numKeys string) {
-		switch numKeys {
-		case "2": // a release
+	return func(name string) {
+		switch name {
+		case "release":
 			if h.paused.Load() { // not the warm-up's release
 				h.releaseOnce.Do(func() { close(h.releaseSent) })
 			}
-		case "1": // a renewal
+		case "renew":
 			if h.armed.CompareAndSwap(true, false) {
 				h.srv.Pause()
 				h.paused.Store(true)

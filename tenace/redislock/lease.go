@@ -6,8 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/internal/keyfmt"
 )
@@ -22,7 +20,7 @@ import (
 // finds the marker and reports the release done: 1 if this token's release
 // deleted the lock, 0 if the lock was never deleted by it (expired, or
 // another's).
-var releaseScript = redis.NewScript(`
+var releaseScript = newScript("release", `
 if redis.call('GET', KEYS[1]) == ARGV[1] then
 	redis.call('DEL', KEYS[1])
 	redis.call('SET', KEYS[2], 'released', 'PX', ARGV[3])
@@ -39,7 +37,7 @@ return 0
 // expiry from now, in ms. Extends the lock only if it is still this
 // grant's: a renewal never extends a lock that expired and was taken by
 // someone else, nor one deleted.
-var renewScript = redis.NewScript(`
+var renewScript = newScript("renew", `
 if redis.call('GET', KEYS[1]) == ARGV[1] then
 	redis.call('PEXPIRE', KEYS[1], ARGV[2])
 	return 1
@@ -52,16 +50,16 @@ return 0
 // renewScript for a shared holder: it re-scores only this holder's own
 // member, if it is still there and live, and keeps the lock name and the
 // holders alive at least as long (see sharedLua).
-var sharedRenewScript = redis.NewScript(`
+var sharedRenewScript = newScript("sharedRenew", `
 redis.replicate_commands()
-` + sharedLua + `
+`+sharedLua+`
 local ms = now()
 local exp = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if exp and tonumber(exp) > ms then
 	local px = tonumber(ARGV[2])
 	redis.call('ZADD', KEYS[2], 'XX', ms + px, ARGV[1])
 	if isShared(redis.call('GET', KEYS[1])) then
-		extend(KEYS[1], px)
+		extendTo(KEYS[1], ms, ms + px)
 	end
 	extend(KEYS[2], px)
 	return 1
@@ -74,9 +72,9 @@ return 0
 // a shared holder: it removes this holder's member, frees the lock name
 // with the last holder (else keeps it as long as the latest), marks the
 // token released and publishes the release; a second run finds the marker.
-var sharedReleaseScript = redis.NewScript(`
+var sharedReleaseScript = newScript("sharedRelease", `
 redis.replicate_commands()
-` + sharedLua + `
+`+sharedLua+`
 if redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
 	redis.call('SET', KEYS[2], 'released', 'PX', ARGV[3])
 	settle(KEYS[1], KEYS[3], now())

@@ -240,7 +240,7 @@ func (tryLogger) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (tryLogger) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		rec, _ := ctx.Value(tryLogKey{}).(*tryLog)
-		if n := cmd.Name(); rec == nil || (n != "evalsha" && n != "eval") || fmt.Sprint(cmd.Args()[2]) != "5" {
+		if rec == nil || redislock.ScriptName(cmd) != "acquire" {
 			return next(ctx, cmd)
 		}
 		start := time.Now()
@@ -312,7 +312,7 @@ type renewalGate struct{ shut atomic.Bool }
 func (g *renewalGate) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (g *renewalGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if n := cmd.Name(); (n == "evalsha" || n == "eval") && fmt.Sprint(cmd.Args()[2]) == "1" && g.shut.Load() {
+		if redislock.ScriptName(cmd) == "renew" && g.shut.Load() {
 			err := errors.New("renewalGate: the renewal did not get through")
 			cmd.SetErr(err)
 			return err

@@ -81,10 +81,8 @@ type countingHook struct{ acquires atomic.Int64 }
 func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if n := cmd.Name(); n == "evalsha" || n == "eval" {
-			if args := cmd.Args(); len(args) > 3 && fmt.Sprint(args[2]) == "5" { // five keys: the acquire script
-				h.acquires.Add(1)
-			}
+		if redislock.ScriptName(cmd) == "acquire" {
+			h.acquires.Add(1)
 		}
 		return next(ctx, cmd)
 	}
@@ -415,7 +413,7 @@ func TestPolicyEndToEnd(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, err)
-	require.Equal(t, []string{"lock.acquiring", "lock.acquired", "lock.acquiring", "lock.rejected", "lock.acquiring", "lock.rejected", "lock.released"}, rec)
+	require.Equal(t, []string{"lock.acquiring", "lock.acquired", "lock.acquiring", "lock.rejected", "lock.acquiring", "lock.deadlock", "lock.released"}, rec)
 
 	srv.Kill()
 	err = pol.Execute(bg, func(context.Context) error { return nil })
@@ -622,14 +620,14 @@ func (h *lostAcquireReply) DialHook(next redis.DialHook) redis.DialHook { return
 func (h *lostAcquireReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if n := cmd.Name(); err == nil && (n == "evalsha" || n == "eval") {
-			switch fmt.Sprint(cmd.Args()[2]) {
-			case "5":
+		if err == nil {
+			switch redislock.ScriptName(cmd) {
+			case "acquire":
 				if h.next.CompareAndSwap(true, false) {
 					h.lost.Store(true)
 					return errors.New("the acquire script ran and its reply lost (test hook)")
 				}
-			case "2":
+			case "void":
 				if h.lost.CompareAndSwap(true, false) {
 					close(h.voided)
 				}

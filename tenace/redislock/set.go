@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -13,7 +12,6 @@ import (
 
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/clock"
-	"tenace.dev/tenace/internal/noreply"
 )
 
 var _ tenace.MultiLockProvider = (*Provider)(nil)
@@ -29,9 +27,11 @@ var _ tenace.MultiLockProvider = (*Provider)(nil)
 // held_n} (held_i 1 when another token holds key i, else 0) when another
 // token holds any of them, and then it writes nothing; {-1} when a token of
 // the set was voided. Each key gets its token and fencing token exactly as
-// a single grant does, so single grants and sets exclude each other.
-var setScript = redis.NewScript(`
+// a single grant does (fenceLua), so single grants and sets exclude each
+// other.
+var setScript = newScript("acquireSet", `
 redis.replicate_commands()
+`+fenceLua+`
 local n = #KEYS / 3
 local held, minttl, own = {}, nil, {}
 for i = 1, n do
@@ -56,21 +56,14 @@ if minttl ~= nil then
 	end
 	return res
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local us = micros()
 local res = {1}
 for i = 1, n do
-	local last = tonumber(redis.call('GET', KEYS[3*i-1]) or '0')
 	if own[i] then
-		res[1+i] = last
+		res[1+i] = tonumber(redis.call('GET', KEYS[3*i-1]) or '0')
 	else
-		local fence = now
-		if last >= fence then
-			fence = last + 1
-		end
-		redis.call('SET', KEYS[3*i-1], string.format('%.0f', fence))
+		res[1+i] = nextFence(KEYS[3*i-1], us)
 		redis.call('SET', KEYS[3*i-2], ARGV[1+i], 'PX', ARGV[1])
-		res[1+i] = fence
 	end
 end
 return res
@@ -134,7 +127,7 @@ func (p *Provider) AcquireSet(ctx context.Context, keys []string, opts tenace.Lo
 	}
 	w, done := p.waitContexts(ctx, opts)
 	defer done()
-	leases, err := s.acquire(w, opts.Timeout == tenace.NoWait)
+	leases, err := p.drive(w, s, opts.Timeout == tenace.NoWait)
 	if leases == nil {
 		return nil, err
 	}
@@ -212,129 +205,16 @@ type setAttempt struct {
 	parts []*attempt // sorted by key
 }
 
-// acquire is attempt's acquire loop for a set: see Provider.acquire. It
-// returns one lease per part, or none.
-func (s *setAttempt) acquire(w waitCtx, noWait bool) ([]*lease, error) {
-	p := s.p
-	rep := s.parts[0] // outcome needs only w
-	leases, holderTTL, _, err := s.try(w.try)
-	if err != nil && starved(w, err) {
-		ctx, cancel := context.WithTimeout(w.caller, lateReply/2)
-		leases, holderTTL, _, err = s.try(ctx)
-		cancel()
-		if err == nil && leases == nil {
-			s.void() // a copy of the first try may still run
-		}
-	}
-	if err != nil {
-		return nil, s.failed(w, err, false)
-	}
-	if leases != nil || noWait {
-		return leases, nil
-	}
-	if w.acq.Err() != nil {
-		return nil, rep.outcome(w, nil, nil)
-	}
-
-	// Subscribe to every key's channel first, then try again (see
-	// Provider.acquire).
-	waits := make([]*wait, 0, len(s.parts))
-	acquired := false
-	defer func() {
-		for _, sw := range waits {
-			p.subs.unsubscribe(sw, acquired)
-		}
-	}()
-	for _, a := range s.parts {
-		sw, err := p.subs.subscribe(w.call, a.channel, true)
-		if errors.Is(err, errClosed) {
-			return nil, errClosed
-		}
-		if err != nil {
-			return nil, rep.outcome(w, fmt.Errorf("redislock: subscribing to the release channel of %s: %w", quoteSet(s.name), err), nil)
-		}
-		waits = append(waits, sw)
-	}
-	retry := time.NewTimer(p.nextWait(holderTTL))
-	defer retry.Stop()
-	// The cases: each channel's confirmation, then each one's wake-up, then
-	// the retry timer, the acquire's end and the provider's close.
-	n := len(waits)
-	cases := make([]reflect.SelectCase, 2*n+3)
-	for i, sw := range waits {
-		cases[i] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(sw.sub.confirmed)}
-		cases[n+i] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(sw.wake)}
-	}
-	cases[2*n] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(retry.C)}
-	cases[2*n+1] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.acq.Done())}
-	cases[2*n+2] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(p.closing)}
-	for {
-		chosen, _, _ := reflect.Select(cases)
-		woken := -1
-		switch {
-		case chosen < n:
-			cases[chosen].Chan = reflect.Value{} // confirmed: ignored from now on
-		case chosen < 2*n:
-			woken = chosen - n
-		case chosen == 2*n+1:
-			return nil, rep.outcome(w, nil, nil)
-		case chosen == 2*n+2:
-			return nil, errClosed
-		}
-		if w.acq.Err() != nil {
-			return nil, rep.outcome(w, nil, nil)
-		}
-		sent := time.Now()
-		leases, holderTTL, held, err := s.try(w.try)
-		if err != nil {
-			return nil, s.failed(w, err, noreply.Unanswered(w.try, sent) < retrySilence)
-		}
-		if leases != nil {
-			acquired = true
-			return leases, nil
-		}
-		if woken >= 0 && !held[woken] {
-			// The release that woke this set freed a key it could not
-			// take for another's sake: the wake-up goes on to that key's
-			// next waiter, as a waiter that leaves passes it on.
-			p.subs.handOn(waits[woken])
-		}
-		retry.Reset(p.nextWait(holderTTL))
-	}
-}
-
-// handOn wakes the oldest waiter of w's channel that came after w and has
-// no wake-up pending: w was woken by a release and could not use it. Only
-// younger waiters, so that two sets waiting on the same keys never hand a
-// wake-up back and forth.
-func (s *subscriber) handOn(w *wait) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	i := slices.Index(w.sub.waiters, w)
-	if i < 0 {
-		return
-	}
-	for _, next := range w.sub.waiters[i+1:] {
-		select {
-		case next.wake <- struct{}{}:
-			return
-		default:
-		}
-	}
-}
-
-// try runs the set's script once, dialling the server as Attempt.try does
+// try runs the set's script once, dialling the server as attempt.try does
 // when no reply has come within probeAfter. It returns one lease per part
 // when granted; else the least PTTL of the keys held, and which are held.
-func (s *setAttempt) try(ctx context.Context) ([]*lease, time.Duration, []bool, error) {
-	var leases []*lease
-	var holderTTL time.Duration
-	var held []bool
+func (s *setAttempt) try(ctx context.Context) (reply, error) {
+	var r reply
 	err := s.p.probed(ctx, func(ctx context.Context) (err error) {
-		leases, holderTTL, held, err = s.tryOn(ctx)
+		r, err = s.tryOn(ctx)
 		return err
 	})
-	return leases, holderTTL, held, err
+	return r, err
 }
 
 // probed runs f with ctx, and dials the server itself (Provider.probe) if
@@ -384,7 +264,7 @@ func (p *Provider) probed(ctx context.Context, f func(context.Context) error) er
 }
 
 // tryOn runs the set's script once with ctx and reads its reply.
-func (s *setAttempt) tryOn(ctx context.Context) ([]*lease, time.Duration, []bool, error) {
+func (s *setAttempt) tryOn(ctx context.Context) (reply, error) {
 	n := len(s.parts)
 	keys := make([]string, 0, 3*n)
 	args := make([]any, 1, 1+n)
@@ -396,7 +276,7 @@ func (s *setAttempt) tryOn(ctx context.Context) ([]*lease, time.Duration, []bool
 	start := time.Now() // before the send: the local expiry is never after Redis's
 	res, err := setScript.Run(ctx, s.p.client, keys, args...).Int64Slice()
 	if err != nil {
-		return nil, 0, nil, err
+		return reply{}, err
 	}
 	switch {
 	case len(res) == n+1 && res[0] == 1:
@@ -404,50 +284,33 @@ func (s *setAttempt) tryOn(ctx context.Context) ([]*lease, time.Duration, []bool
 		for i, a := range s.parts {
 			leases[i] = s.p.newLease(a, uint64(res[1+i]), start)
 		}
-		return leases, 0, nil, nil
+		return reply{leases: leases}, nil
 	case len(res) == n+2 && res[0] == 0:
 		held := make([]bool, n)
 		for i := range held {
 			held[i] = res[2+i] == 1
 		}
-		return nil, time.Duration(res[1]) * time.Millisecond, held, nil
+		return reply{holderTTL: time.Duration(res[1]) * time.Millisecond, held: held}, nil
 	case len(res) == 1 && res[0] == -1: // only after AcquireSet returned, so never seen by a live one
-		return nil, 0, nil, errors.New("the acquire was voided")
+		return reply{}, errors.New("the acquire was voided")
 	default:
-		return nil, 0, nil, fmt.Errorf("unexpected script reply %v", res)
+		return reply{}, fmt.Errorf("unexpected script reply %v", res)
 	}
 }
 
-// void queues every part's token to be voided: a try whose outcome is
-// unknown may have taken, or may yet take, all the keys.
-func (s *setAttempt) void() {
+// The claim of a set: see claim. A try whose outcome is unknown may have
+// taken, or may yet take, all the keys: every part is voided.
+func (s *setAttempt) queueVoid() {
 	for _, a := range s.parts {
 		s.p.voids.add(a)
 	}
 }
-
-// failed is attempt.failed for a set: every part is voided, and the error
-// names the set.
-func (s *setAttempt) failed(w waitCtx, err error, waiting bool) error {
-	s.void() // every try is sent (see probed): its outcome is unknown
-	rep := s.parts[0]
-	var reply redis.Error
-	isReply := errors.As(err, &reply)
-	if !isReply && !isDialFailure(err) && w.caller.Err() == nil {
-		if down := s.p.dialNow(); down != nil {
-			err = down
-		}
+func (s *setAttempt) describe() string { return fmt.Sprintf("the set %q", s.name) }
+func (s *setAttempt) exclusive() bool  { return true }
+func (s *setAttempt) channels() []string {
+	chs := make([]string, len(s.parts))
+	for i, a := range s.parts {
+		chs[i] = a.channel
 	}
-	failure := fmt.Errorf("redislock: acquiring %s: %w", quoteSet(s.name), err)
-	if isReply || isDialFailure(err) {
-		return rep.outcome(w, failure, failure)
-	}
-	if waiting {
-		return rep.outcome(w, failure, nil)
-	}
-	timedOut := fmt.Errorf("redislock: acquiring %s: %w within the %v Timeout (%v)", quoteSet(s.name), ErrNoReply, w.timeout, err)
-	return rep.outcome(w, failure, timedOut)
+	return chs
 }
-
-// quoteSet names a set in errors: "the set a,b,c", quoted as a key is.
-func quoteSet(name string) string { return fmt.Sprintf("the set %q", name) }

@@ -154,8 +154,8 @@ func TestAGrantAsCloseRunsIsLostAtOnce(t *testing.T) {
 	_, c := setup(t)
 	var p *redislock.Provider
 	var once sync.Once
-	c.AddHook(scriptHook(func(numKeys string) {
-		if numKeys == "5" { // the acquire script, before it is sent
+	c.AddHook(scriptHook(func(name string) {
+		if name == "acquire" { // before it is sent
 			once.Do(func() { require.NoError(t, p.Close()) })
 		}
 	}))

@@ -120,9 +120,22 @@ type subscription struct {
 	waiters   []*wait // arrival order
 }
 
-// wake wakes the oldest waiter that has no wake-up pending.
-func (sub *subscription) wake() {
-	for _, w := range sub.waiters {
+// wake wakes the oldest waiter that has no wake-up pending (a waiter with
+// one pending will try anyway): among the waiters younger than after if
+// after is not nil, and among the exclusive ones if writers; mu held. It
+// is the one way a wake-up moves: a release message, a waiter that leaves
+// without the lock, and a waiter that could not use its wake-up (passOn).
+func (sub *subscription) wake(after *wait, writers bool) {
+	from := 0
+	if after != nil {
+		if from = slices.Index(sub.waiters, after) + 1; from == 0 {
+			return
+		}
+	}
+	for _, w := range sub.waiters[from:] {
+		if writers && !w.exclusive {
+			continue
+		}
 		select {
 		case w.wake <- struct{}{}:
 			return
@@ -131,26 +144,23 @@ func (sub *subscription) wake() {
 	}
 }
 
-// wakeWriter wakes the oldest exclusive waiter of w's channel, unless it
-// has a wake-up pending already: a shared waiter woken by a release and
-// refused because a writer waits hands the wake-up to a writer of this
-// process, which may be the one waiting (one try; nothing if none waits
-// here). Only a writer, not the next waiter: the shared ones behind would
-// be refused as well.
-func (s *subscriber) wakeWriter(w *wait) {
+// passOn gives the wake-up w was woken with, and could not use, to
+// another waiter of its channel: with writers, to the oldest writer (a
+// shared waiter refused because a writer waits: the shared ones behind
+// would be refused as well); otherwise to a waiter younger than w (a set
+// whose key was freed but that could not take the set: only younger, so
+// that two sets waiting on the same keys never hand a wake-up back and
+// forth).
+func (s *subscriber) passOn(w *wait, writers bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.channels[w.channel] != w.sub {
 		return
 	}
-	for _, o := range w.sub.waiters {
-		if o.exclusive {
-			select {
-			case o.wake <- struct{}{}:
-			default:
-			}
-			return
-		}
+	if writers {
+		w.sub.wake(nil, true)
+	} else {
+		w.sub.wake(w, false)
 	}
 }
 
@@ -163,7 +173,7 @@ type wait struct {
 	sub     *subscription
 	wake    chan struct{} // buffer 1: wake-ups coalesce
 	// exclusive: an exclusive caller's wait, which a shared waiter refused
-	// because a writer waits wakes (wakeWriter).
+	// because a writer waits wakes (passOn).
 	exclusive bool
 }
 
@@ -255,7 +265,7 @@ func (s *subscriber) unsubscribe(w *wait, acquired bool) {
 	}
 	sub.waiters = slices.Delete(sub.waiters, i, i+1)
 	if !acquired {
-		sub.wake()
+		sub.wake(nil, false)
 	}
 	s.waiters--
 	s.nWaiting.Store(int64(s.waiters))
@@ -383,7 +393,7 @@ func (s *subscriber) receive(c *pubsubConn) {
 			}
 		case *redis.Message:
 			if sub := s.channels[m.Channel]; sub != nil {
-				sub.wake() // one release, one lock: one waiter tries
+				sub.wake(nil, false) // one release, one lock: one waiter tries
 			}
 		}
 		if err != nil {

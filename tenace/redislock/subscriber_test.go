@@ -271,14 +271,14 @@ func TestAReleaseWhileThePubSubConnectionIsDownIsNotMissed(t *testing.T) {
 }
 
 // waiterParked reports whether a caller of Acquire is parked in its wait:
-// blocked in the select of Provider.acquire (its top frame), so no wake-up
-// is pending for it.
+// blocked in the select of its wait (selector.wait, its top frame), so no
+// wake-up is pending for it.
 func waiterParked() bool {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
 	for _, g := range strings.Split(string(buf), "\n\n") {
 		header, frames, _ := strings.Cut(g, "\n")
-		if strings.HasSuffix(header, " [select]:") && strings.HasPrefix(frames, "tenace.dev/tenace/redislock.(*Provider).acquire(") {
+		if strings.HasSuffix(header, " [select]:") && strings.HasPrefix(frames, "tenace.dev/tenace/redislock.(*selector).wait(") {
 			return true
 		}
 	}
