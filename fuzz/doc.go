@@ -19,6 +19,14 @@
 //     key, timeouts inside or outside it, a nested lock with a distinct key)
 //     and one execution; the error, whether fn ran and the events must be
 //     what SPEC.md's table says.
+//   - FuzzSets: bytes decode into sets of keys, named in any order,
+//     acquired with AcquireAll on both its paths, held, released, timed out
+//     and cancelled (all or nothing, no deadlock between sets, nothing
+//     left held); and, read a second time, into executions nesting Lock
+//     steps on keys and sets with no Timeout, some started from contexts
+//     kept past their Lock: every *DeadlockError justified (the key held,
+//     or a cycle of waits, a set's granted keys counting as held), no
+//     cycle left standing.
 //
 // The properties are the same ones the unit tests check with rapid.Check
 // (package internal/proptest): rapid.MakeFuzz turns each into a

@@ -30,7 +30,16 @@ func FuzzProvider(f *testing.F) { f.Fuzz(inBubble(proptest.ProviderProperty)) }
 
 func FuzzPolicy(f *testing.F) { f.Fuzz(inBubble(proptest.PolicyProperty)) }
 
-func FuzzSets(f *testing.F) { f.Fuzz(inBubble(proptest.SetProperty)) }
+// FuzzSets reads each input twice: as a schedule of sets (SetProperty),
+// and as one of executions nesting Locks on keys and sets, with contexts
+// kept past their Lock (ExecutionProperty).
+func FuzzSets(f *testing.F) {
+	sets, execs := inBubble(proptest.SetProperty), inBubble(proptest.ExecutionProperty)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		sets(t, data)
+		execs(t, data)
+	})
+}
 
 // TestSmoke is the plain sequential check every mutant must pass (one
 // acquire, one release, through the provider and through a policy), so that

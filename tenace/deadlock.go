@@ -15,27 +15,33 @@ import (
 //     reentrant, so the wait could only end at its Timeout; the Lock answers
 //     at once instead, on every provider, without asking the provider. Give
 //     nested locks distinct keys.
-//   - on a MemoryLockProvider, its wait closes a cycle of waits between
+//   - on a provider with a DeadlockDetector (MemoryLockProvider; see
+//     DeadlockDetectingProvider), its wait closes a cycle of waits between
 //     executions of the process (A holds k1 and waits for k2 while B holds
 //     k2 and waits for k1; any number of keys, sets and shards): the wait
 //     that closes the cycle is failed as it begins, and the others go on
 //     once its execution releases what it holds. Cycle names the keys. Only
-//     a Lock whose execution holds a key of the provider while it asks for
-//     another takes part (see deadlock_cycle.go); a caller that holds
+//     a wait that holds something takes part — a Lock whose execution holds
+//     a key of the provider, or a set holding the keys it was granted while
+//     it waits for the next (see deadlock_cycle.go); a caller that holds
 //     nothing pays nothing. Take keys in one order, or as one set
 //     (LockOptions.Keys), and no cycle forms.
+//   - a provider's own Acquire returned it (a server that found a cycle).
 //
 // The execution is the context a Lock gives its inner steps and every
 // context derived from it: a goroutine started inside fn with fn's context
 // counts as the same execution. What that context says it holds ends when
 // the Lock releases: a context kept past it (context.WithoutCancel(ctx) for
-// work that outlives the call) holds nothing through that Lock. Only locks taken through a Lock step are
-// known this way; a lease a caller took from a provider directly is not. A
-// cycle across processes (two executions holding keys of a distributed
-// provider and each waiting for the other's) cannot be seen from one
-// process: bound such waits with a Timeout.
+// work that outlives the call) holds nothing through that Lock. Only locks
+// taken through a Lock step are known this way; a lease a caller took from
+// a provider directly is not. A cycle across processes cannot be seen from
+// one process unless the server detects it: bound such waits with a
+// Timeout.
+//
+// Through a Lock its event is EventLockDeadlock.
 type DeadlockError struct {
-	// Key is the key asked for that the execution already holds.
+	// Key is the key asked for that the execution already holds, or the
+	// first key of Cycle.
 	Key string
 	// Cycle is the keys of the deadlock in the order of the waits: for an
 	// execution asking for a key it holds, just Key.
@@ -49,20 +55,20 @@ func (e *DeadlockError) Error() string {
 		for i, k := range e.Cycle {
 			q[i] = keyfmt.Quote(k)
 		}
-		return "tenace: deadlock: the waits for locks " + strings.Join(q, " → ") + " form a cycle that would never end; this waiter was failed to break it: take keys in one order, or as one set (LockOptions.Keys)"
+		return "tenace: deadlock: the waits for locks " + strings.Join(q, " → ") + " form a cycle, and this one was failed to break it; take keys in one order, or as one set (LockOptions.Keys)"
 	}
-	return "tenace: deadlock: this execution already holds lock " + keyfmt.Quote(e.Key) + " (an enclosing Lock took it), and locks are not reentrant: waiting would never end; give nested locks distinct keys"
+	return "tenace: deadlock: this execution already holds lock " + keyfmt.Quote(e.Key) + " and locks are not reentrant; give nested locks distinct keys"
 }
 
-// heldKey is the context key under which a heldCtx finds itself.
-type heldKey struct{}
+// lockCtxKey is the context key under which a lockCtx finds itself.
+type lockCtxKey struct{}
 
 // reentered returns the DeadlockError of a Lock that asks provider for key
 // (keys, for a set) inside an execution that already holds one of them, or
 // nil. It walks the Locks that enclose it: h, the nearest, and those
 // around h.
-func (h *heldCtx) reentered(provider LockProvider, key string, keys []string) *DeadlockError {
-	for ; h != nil; h, _ = h.Context.Value(heldKey{}).(*heldCtx) {
+func (h *lockCtx) reentered(provider LockProvider, key string, keys []string) *DeadlockError {
+	for ; h != nil; h, _ = h.Context.Value(lockCtxKey{}).(*lockCtx) {
 		if h.released.Load() || !sameLocks(h.provider, provider) {
 			continue
 		}
@@ -74,8 +80,8 @@ func (h *heldCtx) reentered(provider LockProvider, key string, keys []string) *D
 }
 
 // holds reports whether h holds key (or one of keys, for a set), and which.
-func (h *heldCtx) holds(key string, keys []string) (string, bool) {
-	mine := h.heldKeys()
+func (h *lockCtx) holds(key string, keys []string) (string, bool) {
+	mine := h.keys()
 	if keys == nil {
 		return key, slices.Contains(mine, key)
 	}
@@ -87,8 +93,8 @@ func (h *heldCtx) holds(key string, keys []string) (string, bool) {
 	return "", false
 }
 
-// heldKeys returns the keys h holds: its key, or its set's.
-func (h *heldCtx) heldKeys() []string {
+// keys returns the keys h holds: its key, or its set's.
+func (h *lockCtx) keys() []string {
 	if s, ok := h.lease.(*SetLease); ok {
 		return s.Keys()
 	}

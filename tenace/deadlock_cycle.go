@@ -117,7 +117,7 @@ func sameLocks(a, b LockProvider) bool {
 
 // waitNode is one holding waiter, owned by the detector once sent.
 type waitNode struct {
-	held []*heldCtx // the enclosing Locks of its execution on the provider
+	locks []*lockCtx // the enclosing Locks of its execution on the provider
 	// keys is what it asks for, in the order acquired: one key, or a set's
 	// keys; it holds keys[:granted] and waits for keys[granted:].
 	keys    []string
@@ -130,8 +130,8 @@ type waitNode struct {
 // since, see holds), and, for a set, every key of the set.
 func (n *waitNode) indexed() []string {
 	var ks []string
-	for _, h := range n.held {
-		ks = append(ks, h.heldKeys()...)
+	for _, h := range n.locks {
+		ks = append(ks, h.keys()...)
 	}
 	if len(n.keys) > 1 {
 		ks = append(ks, n.keys...)
@@ -145,8 +145,8 @@ func (n *waitNode) holds(key string) bool {
 	if slices.Contains(n.keys[:n.granted], key) {
 		return true
 	}
-	for _, h := range n.held {
-		if !h.released.Load() && slices.Contains(h.heldKeys(), key) {
+	for _, h := range n.locks {
+		if !h.released.Load() && slices.Contains(h.keys(), key) {
 			return true
 		}
 	}
@@ -239,25 +239,25 @@ func (d *DeadlockDetector) cycleFrom(start *waitNode) []string {
 // detector what it holds (arriving the first time it holds something), and
 // leave ends it.
 type cycleWatch struct {
-	d    *DeadlockDetector
-	held []*heldCtx
-	keys []string // in the order acquired
-	ctx  context.Context
-	n    *waitNode       // nil until it arrived
-	wctx context.Context // once it arrived: ctx, or ended by the detector
+	d     *DeadlockDetector
+	locks []*lockCtx // the enclosing Locks of its execution on the provider
+	keys  []string   // in the order acquired
+	ctx   context.Context
+	n     *waitNode       // nil until it arrived
+	wctx  context.Context // once it arrived: ctx, or ended by the detector
 }
 
 // watchCycles returns the watch of a wait for keys (one key, or a set's in
 // sorted order) from p, with ctx, by an execution whose nearest enclosing
 // Lock is outer (nil: none). Without a detector its before returns ctx.
-func watchCycles(ctx context.Context, outer *heldCtx, p LockProvider, keys []string) cycleWatch {
+func watchCycles(ctx context.Context, outer *lockCtx, p LockProvider, keys []string) cycleWatch {
 	w := cycleWatch{d: detectorOf(p), keys: keys, ctx: ctx}
 	if w.d == nil {
 		return w
 	}
-	for h := outer; h != nil; h, _ = h.Context.Value(heldKey{}).(*heldCtx) {
+	for h := outer; h != nil; h, _ = h.Context.Value(lockCtxKey{}).(*lockCtx) {
 		if !h.released.Load() && sameLocks(h.provider, p) {
-			w.held = append(w.held, h)
+			w.locks = append(w.locks, h)
 		}
 	}
 	return w
@@ -272,11 +272,11 @@ func (w *cycleWatch) before(granted int) context.Context {
 	case w.n != nil:
 		_ = w.d.mb.Send(w.ctx, cycleMsg{kind: cycleGrant, n: w.n, granted: granted}) // failed: closed or ctx ended, which the acquire reports
 		return w.wctx
-	case granted == 0 && len(w.held) == 0:
+	case granted == 0 && len(w.locks) == 0:
 		return w.ctx // holds nothing: cannot close a cycle
 	}
 	wctx, cancel := context.WithCancelCause(w.ctx)
-	n := &waitNode{held: w.held, keys: w.keys, granted: granted, cancel: cancel}
+	n := &waitNode{locks: w.locks, keys: w.keys, granted: granted, cancel: cancel}
 	if w.d.mb.Send(w.ctx, cycleMsg{kind: cycleArrive, n: n}) != nil {
 		cancel(nil)
 		w.d = nil // closed or ctx ended: the acquire reports it

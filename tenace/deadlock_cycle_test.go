@@ -9,7 +9,9 @@ import (
 	"testing/synctest"
 
 	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
 
+	"tenace.dev/internal/proptest"
 	"tenace.dev/tenace"
 )
 
@@ -270,5 +272,15 @@ func TestDeadlockDetectorForgetsAPanickedWait(t *testing.T) {
 		require.NoError(t, <-errX)
 		require.NoError(t, <-errY)
 		require.Zero(t, p.Size())
+	})
+}
+
+// TestExecutionProperty: executions drawn by rapid nest Locks on keys and
+// sets, return from them, and start from contexts kept past their Lock;
+// every *DeadlockError is justified and no deadlock is left standing (see
+// proptest.ExecutionProperty), in one synctest bubble.
+func TestExecutionProperty(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rapid.Check(proptest.BubbleTB{T: t}, proptest.ExecutionProperty)
 	})
 }

@@ -214,3 +214,16 @@ func TestDeadlockContextOutlivesLockNoFalseCycle(t *testing.T) {
 		})
 	}
 }
+
+// The Lock passes its LockOptions.Owner to the provider with every
+// acquire, for a single key and for each key of a set.
+func TestLockPassesItsOwner(t *testing.T) {
+	fp := &fakeProvider{}
+	for _, opts := range []tenace.LockOptions{{Provider: fp, Key: "k", Owner: "job-7"}, {Provider: fp, Keys: []string{"a", "b"}, Owner: "job-7"}} {
+		require.NoError(t, tenace.NewPolicy().WithLock(opts).Execute(bg, func(context.Context) error { return nil }))
+	}
+	require.Len(t, fp.calls, 3)
+	for _, c := range fp.calls {
+		require.Equal(t, "job-7", c.opts.Owner, c.key)
+	}
+}

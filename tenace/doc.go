@@ -75,7 +75,8 @@
 //	                                         (also one the provider refuses: event lock.failed)
 //	lock not acquired within its Timeout     *LockNotAcquiredError{Key}; event lock.rejected
 //	                                         (the server answered that another holds it)
-//	the execution already holds the key      *DeadlockError{Key}, at once; event lock.rejected
+//	the execution already holds the key,     *DeadlockError, at once; event lock.deadlock
+//	or its wait closes a cycle of waits
 //	ctx ends while waiting for the lock      ctx's error; fn does not run, even if the
 //	                                         grant lands at that moment
 //	the provider fails, refuses the          *UnexpectedError wrapping the cause; event

@@ -154,7 +154,7 @@ func LeaseFrom(ctx context.Context) (LockLease, bool) {
 	return l, ok
 }
 
-// heldCtx is the context the inner steps run with while a Lock holds its
+// lockCtx is the context the inner steps run with while a Lock holds its
 // lease: the parent context plus the lease, in one allocation, made once the
 // lease is granted. With a MemoryLockProvider, whose leases cost no
 // allocation of their own, a lock step costs that one allocation.
@@ -166,7 +166,7 @@ func LeaseFrom(ctx context.Context) (LockLease, bool) {
 // released, and from then on neither the reentrance check nor the cycle
 // detector counts its keys, though the context lives on (a goroutine
 // started inside fn with context.WithoutCancel(ctx) keeps it).
-type heldCtx struct {
+type lockCtx struct {
 	context.Context
 	lease    LockLease
 	provider LockProvider
@@ -174,11 +174,11 @@ type heldCtx struct {
 	released atomic.Bool
 }
 
-func (c *heldCtx) Value(key any) any {
+func (c *lockCtx) Value(key any) any {
 	switch key.(type) {
 	case leaseKey:
 		return c.lease
-	case heldKey:
+	case lockCtxKey:
 		return c
 	}
 	return c.Context.Value(key)
@@ -273,19 +273,19 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 	if observed {
 		granted = opts.Clock.Now()
 	}
-	held := &heldCtx{Context: ctx, lease: lease, provider: provider, key: key}
+	lctx := &lockCtx{Context: ctx, lease: lease, provider: provider, key: key}
 	// Released in a defer, so that a panic in fn, in an inner step or in a
 	// listener of the acquired event does not leak the lock.
-	defer l.release(ctx, x, key, held, granted)
+	defer l.release(ctx, x, key, lctx, granted)
 	if observed {
 		e := l.event(EventLockAcquired, key, ctx)
 		e.Wait, e.Token = granted.Sub(start), tokenOf(lease)
 		x.Emit(e)
 	}
 	if lost, ok := lease.(LosableLease); ok && lost.Lost() != nil {
-		return l.runWatched(ctx, held, x, key, lost, granted, next)
+		return l.runWatched(ctx, lctx, x, key, lost, granted, next)
 	}
-	return next.Run(held)
+	return next.Run(lctx)
 }
 
 // acquire asks provider for key (keys, for a set) and says how the wait
@@ -295,7 +295,7 @@ func (l *Lock) Run(ctx context.Context, x policy.Execution, next policy.Next) er
 func (l *Lock) acquire(ctx context.Context, x policy.Execution, provider LockProvider, key string, keys []string, opts LockAcquireOptions, observed bool, start time.Time) (LockLease, waitEnd, error) {
 	// The keys the execution holds, from the enclosing Locks: none, and
 	// this is the one ctx.Value a Lock makes before it acquires.
-	outer, _ := ctx.Value(heldKey{}).(*heldCtx)
+	outer, _ := ctx.Value(lockCtxKey{}).(*lockCtx)
 	if outer != nil {
 		if d := outer.reentered(provider, key, keys); d != nil {
 			return nil, endDeadlock, d
@@ -342,7 +342,7 @@ func (l *Lock) acquire(ctx context.Context, x policy.Execution, provider LockPro
 // keys, reporting the wait to the provider's DeadlockDetector when it has
 // one and the wait holds something (see deadlock_cycle.go). A wait the
 // detector ended returns its *DeadlockError.
-func (l *Lock) ask(ctx context.Context, outer *heldCtx, provider LockProvider, key string, keys []string, opts LockAcquireOptions) (lease LockLease, err error) {
+func (l *Lock) ask(ctx context.Context, outer *lockCtx, provider LockProvider, key string, keys []string, opts LockAcquireOptions) (lease LockLease, err error) {
 	if keys == nil && (outer == nil || l.opts.Shared) {
 		// Holds nothing, or waits shared (a shared wait may or may not
 		// block, depending on who else waits): no cycle to watch.
@@ -375,7 +375,7 @@ func (l *Lock) ask(ctx context.Context, outer *heldCtx, provider LockProvider, k
 	return set, err
 }
 
-// runWatched runs the inner steps, with held as their parent context, while
+// runWatched runs the inner steps, with lctx as their parent context, while
 // watching a lease that can be lost: the moment it is lost their context
 // ends with the lease's error as its cause, and EventLockLost is emitted —
 // from the watching goroutine, while fn may still run (listeners are already
@@ -385,8 +385,8 @@ func (l *Lock) ask(ctx context.Context, outer *heldCtx, provider LockProvider, k
 // always reported (one a moment after, before the release, may be too).
 // ctx is the Lock's own context, for the event; granted is
 // when the lease was granted (zero without listeners).
-func (l *Lock) runWatched(ctx, held context.Context, x policy.Execution, key string, lease LosableLease, granted time.Time, next policy.Next) error {
-	inner, cancel := context.WithCancelCause(held)
+func (l *Lock) runWatched(ctx, lctx context.Context, x policy.Execution, key string, lease LosableLease, granted time.Time, next policy.Next) error {
+	inner, cancel := context.WithCancelCause(lctx)
 	defer cancel(nil)
 	stop := make(chan struct{})
 	done := make(chan struct{})
@@ -430,9 +430,9 @@ func (l *Lock) runWatched(ctx, held context.Context, x policy.Execution, key str
 
 // release releases lease and emits EventLockReleased; granted is when the
 // lease was granted (zero without listeners).
-func (l *Lock) release(ctx context.Context, x policy.Execution, key string, held *heldCtx, granted time.Time) {
-	held.released.Store(true)
-	lease := held.lease
+func (l *Lock) release(ctx context.Context, x policy.Execution, key string, lctx *lockCtx, granted time.Time) {
+	lctx.released.Store(true)
+	lease := lctx.lease
 	rctx := ctx
 	if ctx.Done() != nil {
 		// Not ctx: neither the caller's cancel nor its deadline may cut
@@ -483,7 +483,7 @@ var errProviderPanicked = errors.New("tenace: the lock provider's Acquire panick
 // panics, the wait every listener has seen begin ends with EventLockFailed
 // (errProviderPanicked) as the panic goes on up, so that a listener pairing
 // the events (a gauge of waiters) stays balanced.
-func (l *Lock) askObserved(ctx context.Context, x policy.Execution, outer *heldCtx, provider LockProvider, key string, keys []string, opts LockAcquireOptions, start time.Time) (LockLease, error) {
+func (l *Lock) askObserved(ctx context.Context, x policy.Execution, outer *lockCtx, provider LockProvider, key string, keys []string, opts LockAcquireOptions, start time.Time) (LockLease, error) {
 	returned := false
 	defer func() {
 		if !returned {

@@ -45,10 +45,11 @@ import (
 // Locks are not reentrant: an Acquire of a key the caller already holds
 // waits for the caller itself, until its timeout, or forever without one
 // (a Lock step sees it coming and returns a *DeadlockError instead). A
-// Lock that waits while its execution holds keys of the provider tells the
-// provider's cycle detector, one goroutine beside the shards, which fails
+// Lock that waits while it holds something — keys of the provider through
+// its execution, or the keys its set was granted so far — tells the
+// provider's DeadlockDetector, one goroutine beside the shards, which fails
 // the wait that would close a cycle with a *DeadlockError (see
-// DeadlockError).
+// DeadlockError and DeadlockDetectingProvider).
 //
 // Sets of keys (AcquireSet, AcquireAll, LockOptions.Keys) are granted all
 // or none, deadlock-free: each key is acquired from its shard in sorted
