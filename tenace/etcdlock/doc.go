@@ -247,8 +247,9 @@
 // not hold up a caller: an Acquire started at that moment is granted
 // within about the election time and 1s (measured on three members with a
 // 500ms election timeout: the leader killed, granted 0.6-1.0s after the
-// kill, 0.2-0.3s after a new leader was seen; a follower killed, a few
-// milliseconds; a follower stalled past the window, 0.25s). A request to a
+// kill, 0.13-0.3s after a new leader was seen; a follower killed, a few
+// milliseconds; a follower stalled past the window, a few milliseconds to
+// 0.26s, as the balancer's next choice is the stalled member or not). A request to a
 // dead member can go unanswered for etcd's whole request timeout (5s and
 // two election timeouts: a follower that has not yet seen its leader die
 // forwards a proposal to it, where it is lost; a stalled member keeps its
