@@ -131,8 +131,9 @@
 // a release deletes the grant's entry (if it is still the one granted,
 // by its create revision), and once etcd says it did, the lease, with
 // nothing attached any more, is the next Acquire's. A spare is used only
-// with at least a renewal interval left before its loss time (its keeper
-// starts with the Acquire that takes it); otherwise it lapses, unused.
+// with at least a renewal interval and 0.5s left before its loss time (its
+// keeper starts with the Acquire that takes it, and sends a keepalive
+// halfway there); otherwise it lapses, unused.
 // Leases are never shared: a lost lease, a waiter's that gave up, a
 // release that failed are revoked or left to lapse, never reused. A
 // killed process's leases, spare or not, lapse within the window, so its

@@ -19,7 +19,10 @@ import (
 func TestALeaseIsReusedOnlyAfterACleanRelease(t *testing.T) {
 	c := cluster(t)
 	admin := newClient(t, c.Endpoints()...)
-	p := newProvider(t, newClient(t, c.Endpoints()...))
+	// A 3s window: a spare is fit for 0.75s after its grant or last
+	// keepalive (a renewal interval, 1s, and 0.5s before its loss time,
+	// 2.25s), time enough for the reuses below on a loaded machine.
+	p := newProvider(t, newClient(t, c.Endpoints()...), etcdlock.WithWindow(3*time.Second))
 	a, b := keyOf(t, "a"), keyOf(t, "b")
 	// The provider's first Acquire grants a lease on its path and starts
 	// the grant of a spare beside it; its release gives one back.
@@ -44,10 +47,10 @@ func TestALeaseIsReusedOnlyAfterACleanRelease(t *testing.T) {
 	after := mustAcquire(t, p, a, tenace.LockAcquireOptions{})
 	require.NotEqual(t, etcdlock.LeaseID(next), etcdlock.LeaseID(after), "a lost lease was reused")
 
-	// Too old: a spare with less than a renewal interval (a third of the
-	// window) left before its loss time is left to lapse.
+	// Too old: a spare with less than a renewal interval and 0.5s left
+	// before its loss time is left to lapse.
 	require.NoError(t, after.Release(bg))
-	time.Sleep(testWindow / 2) // the spare's age is the point
+	time.Sleep(time.Second) // the spare's age is the point
 	late := mustAcquire(t, p, b, tenace.LockAcquireOptions{})
 	require.NotEqual(t, etcdlock.LeaseID(after), etcdlock.LeaseID(late), "a spare too old to keep alive in time was used")
 	require.NoError(t, late.Release(bg))
