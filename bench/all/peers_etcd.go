@@ -16,9 +16,11 @@ import (
 
 // The etcd peers, on one cluster:
 //
-//	tenace-etcd  tenace/etcdlock: an etcd lease per grant, FIFO by create
-//	             revision, each waiter watching its predecessor from the
-//	             revision after its read; fencing token, loss signal
+//	tenace-etcd  tenace/etcdlock: one queue entry per etcd lease at a time
+//	             (a spare lease granted ahead, or reused after a clean
+//	             release), FIFO by create revision, each waiter watching
+//	             its predecessor from the revision after its read; fencing
+//	             token, loss signal
 //	etcd-mutex   etcd's own concurrency.Mutex (client v3.7): the same queue,
 //	             on one session (lease) per concurrent caller — a session
 //	             holds at most one key of a mutex at a time, so goroutines
@@ -30,7 +32,7 @@ var etcdImpls = []struct {
 	desc string
 	make func(c *clientv3.Client, goroutines int) (load.Locker, error)
 }{
-	{"tenace-etcd", "tenace/etcdlock: a lease per grant, waiters watch their predecessor", func(c *clientv3.Client, _ int) (load.Locker, error) {
+	{"tenace-etcd", "tenace/etcdlock: one entry per lease at a time (a spare ahead), waiters watch their predecessor", func(c *clientv3.Client, _ int) (load.Locker, error) {
 		return &providerLocker{p: etcdlock.New(c, etcdlock.WithWindow(etcdWindow))}, nil
 	}},
 	{"etcd-mutex", "etcd's concurrency.Mutex, one session per goroutine", newMutexLocker},

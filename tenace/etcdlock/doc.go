@@ -131,8 +131,9 @@
 // a release deletes the grant's entry (if it is still the one granted,
 // by its create revision), and once etcd says it did, the lease, with
 // nothing attached any more, is the next Acquire's. A spare is used only
-// with at least a renewal interval left before its loss time (its keeper
-// starts with the Acquire that takes it); otherwise it lapses, unused.
+// with at least a renewal interval and 0.5s left before its loss time (its
+// keeper starts with the Acquire that takes it, and sends a keepalive
+// halfway there); otherwise it lapses, unused.
 // Leases are never shared: a lost lease, a waiter's that gave up, a
 // release that failed are revoked or left to lapse, never reused. A
 // killed process's leases, spare or not, lapse within the window, so its
@@ -247,8 +248,9 @@
 // not hold up a caller: an Acquire started at that moment is granted
 // within about the election time and 1s (measured on three members with a
 // 500ms election timeout: the leader killed, granted 0.6-1.0s after the
-// kill, 0.2-0.3s after a new leader was seen; a follower killed, a few
-// milliseconds; a follower stalled past the window, 0.25s). A request to a
+// kill, 0.13-0.3s after a new leader was seen; a follower killed, a few
+// milliseconds; a follower stalled past the window, a few milliseconds to
+// 0.26s, as the balancer's next choice is the stalled member or not). A request to a
 // dead member can go unanswered for etcd's whole request timeout (5s and
 // two election timeouts: a follower that has not yet seen its leader die
 // forwards a proposal to it, where it is lost; a stalled member keeps its

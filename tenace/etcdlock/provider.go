@@ -247,6 +247,9 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 		return a.failed(fmt.Errorf("etcdlock: connecting to etcd for %s: %w", keyfmt.Quote(key), err))
 	}
 	l, err := a.run()
+	if a.endReads != nil {
+		a.endReads()
+	}
 	if l == nil && a.l != nil {
 		a.l.abandon(a.abandonWait())
 	}
@@ -387,6 +390,16 @@ type attempt struct {
 	// (see waitEvents)
 	unprompted bool
 
+	// The driver's (run's) state, from request to request.
+	until    time.Time                    // the lease grant and the queueing stop being retried
+	g        *clientv3.LeaseGrantResponse // the caller's etcd lease
+	granted  time.Time                    // what its expiry is measured from
+	dir      string                       // the key's queue
+	rctx     context.Context              // a waiter's reads: end with wctx, or when its lease is lost
+	endReads func()                       // ends rctx
+	v        view                         // a waiter's last view
+	rev      int64                        // the revision its watch starts from
+
 	// The peek: a read of the queue's head beside the lease grant, for a
 	// Timeout under noreply.Grace (see peekNow).
 	peekDone chan struct{} // closed once the peek has ended; nil: no peek
@@ -468,143 +481,162 @@ const lateReply = 20 * time.Millisecond
 
 func (a *attempt) run() (tenace.LockLease, error) {
 	p := a.p
+	a.until = retryUntil(a.wctx)
+	r := a.grantLease()
+	for {
+		d := step(call{key: a.key, noWait: a.opts.Timeout == tenace.NoWait}, r)
+		if d.held && !a.held {
+			a.held = true
+			if d.next != outHeld && d.next != outFailed {
+				a.queue(1) // a waiter from now on
+				defer a.queue(-1)
+			}
+		}
+		switch d.next {
+		case doQueue:
+			if err := a.newLease(); err != nil {
+				return nil, err
+			}
+			r = a.queueUp()
+		case doLook:
+			r = a.look()
+		case doPause:
+			t := time.NewTimer(retryPause)
+			select {
+			case <-t.C:
+			case <-a.rctx.Done():
+				t.Stop()
+			}
+			r = a.look()
+		case doWatch:
+			r = a.watch()
+		case doGrant:
+			return p.grant(a.l, a.opts)
+		case outHeld:
+			return nil, nil
+		case outFailed:
+			err := d.err
+			if err == errEnded {
+				err = a.wctx.Err()
+			}
+			return a.failed(err)
+		}
+	}
+}
+
+// ended fills the reply's view of the call's contexts and lease.
+func (a *attempt) ended(r reply) reply {
+	r.ended = a.wctx.Err() != nil
+	r.timedOut = tenace.TimedOut(a.ctx, a.wctx)
+	if a.l != nil && (a.l.Err() != nil || a.l.kctx.Err() != nil) {
+		<-a.l.Lost() // lose signals, then stops the keeper
+		r.lost, r.lostErr = true, a.l.Err()
+	}
+	return r
+}
+
+// grantLease takes the spare lease, or grants one.
+func (a *attempt) grantLease() reply {
+	p := a.p
 	a.sent = time.Now()
-	until := retryUntil(a.wctx)
 	g, granted := p.takeSpare()
 	if g == nil {
 		// A lease granted to a try that went unanswered has nothing
 		// attached, and lapses on its own.
 		var err error
-		g, _, err = hedge(a.first, hedgeAfter, until, func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
+		g, _, err = hedge(a.first, hedgeAfter, a.until, func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
 			return p.client.Grant(ctx, int64(p.window/time.Second))
 		})
 		if err != nil {
-			return a.failed(fmt.Errorf("etcdlock: granting an etcd lease for %s: %w", keyfmt.Quote(a.key), err))
+			return a.ended(reply{req: reqGrant, err: err})
 		}
 		granted = a.sent
 	}
 	a.replied = true
-	if a.wctx.Err() != nil {
-		// The grant came after the Timeout (or ctx ended): too late to
-		// queue. The lease, with nothing attached, lapses on its own.
-		return a.failed(a.wctx.Err())
-	}
-	dir := p.dir(a.key)
-	var err error
-	if a.l, err = p.newLease(a.key, entryName(dir, g.ID, a.opts.Shared), a.opts.Shared, g.ID, granted, time.Duration(g.TTL)*time.Second); err != nil {
-		return nil, err
-	}
+	a.g, a.granted = g, granted
+	return a.ended(reply{req: reqGrant})
+}
 
-	// Join the queue and read it in one request: everything else in it
-	// came before the caller. The put is made only if the entry is not
-	// there yet, so that the request is safe to send again: a try that
-	// went unanswered may have queued the caller, and a later one then
-	// reads the entry's create revision instead.
+// newLease makes the granted etcd lease the caller's, with its keeper.
+func (a *attempt) newLease() (err error) {
+	a.dir = a.p.dir(a.key)
+	a.l, err = a.p.newLease(a.key, entryName(a.dir, a.g.ID, a.opts.Shared), a.opts.Shared, a.g.ID, a.granted, time.Duration(a.g.TTL)*time.Second)
+	return err
+}
+
+// queueUp joins the queue and reads it in one request: everything else in
+// it came before the caller. The put is made only if the entry is not
+// there yet, so that the request is safe to send again: a try that went
+// unanswered may have queued the caller, and a later one then reads the
+// entry's create revision instead.
+func (a *attempt) queueUp() reply {
+	p := a.p
 	a.sent, a.replied = time.Now(), false
-	view := a.viewOps(dir, 0, false)
-	resp, _, err := hedge(a.first, hedgeAfter, until, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+	view := a.viewOps(a.dir, 0, false)
+	resp, _, err := hedge(a.first, hedgeAfter, a.until, func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return p.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.l.name), "=", 0)).
-			Then(append([]clientv3.Op{clientv3.OpPut(a.l.name, entryValue(a.opts), clientv3.WithLease(g.ID))}, view...)...).
+			Then(append([]clientv3.Op{clientv3.OpPut(a.l.name, entryValue(a.opts), clientv3.WithLease(a.g.ID))}, view...)...).
 			Else(append([]clientv3.Op{clientv3.OpGet(a.l.name, clientv3.WithKeysOnly())}, view...)...).Commit()
 	})
 	if err != nil {
-		return a.failed(fmt.Errorf("etcdlock: queueing for %s: %w", keyfmt.Quote(a.key), err))
+		return a.ended(reply{req: reqQueue, err: err})
 	}
 	a.replied = true
 	a.l.rev = resp.Header.Revision // the put's create revision: the only write of the Txn
 	if !resp.Succeeded {
 		kvs := resp.Responses[0].GetResponseRange().Kvs
 		if len(kvs) == 0 {
-			return a.failed(fmt.Errorf("etcdlock: queueing for %s: the caller's entry vanished (its etcd lease expired or was revoked)", keyfmt.Quote(a.key)))
+			return a.ended(reply{req: reqQueue, gone: true})
 		}
 		a.l.rev = kvs[0].CreateRevision // put by a try that went unanswered
 	}
-	if a.view(resp.Responses[1:]).without(g.ID).admits(a.opts) {
-		// The head of the queue at once. A reply within lateReply past
-		// the Timeout still decides; a ctx that ended as the grant landed
-		// wins: the caller gave up (see the package doc).
-		if a.wctx.Err() != nil && !tenace.TimedOut(a.ctx, a.wctx) {
-			return a.failed(a.wctx.Err())
-		}
-		return p.grant(a.l, a.opts)
+	admitted := a.view(resp.Responses[1:]).without(a.g.ID).admits(a.opts)
+	if !admitted {
+		// The reads of a waiter end when the wait does, or when its lease
+		// is lost (its keeper's context ends).
+		var cancel context.CancelFunc
+		a.rctx, cancel = context.WithCancel(a.wctx)
+		stop := context.AfterFunc(a.l.kctx, cancel)
+		a.endReads = func() { stop(); cancel() }
 	}
-	a.held = true
-	if a.opts.Timeout == tenace.NoWait {
-		return nil, nil
-	}
-	if a.wctx.Err() != nil {
-		return a.failed(a.wctx.Err())
-	}
-	a.queue(1)
-	defer a.queue(-1)
-	if err := a.wait(dir); err != nil {
-		return a.failed(err)
-	}
-	// The head of the queue. A ctx that ended as the grant landed wins: the
-	// caller gave up (see the package doc).
-	if a.wctx.Err() != nil {
-		return a.failed(a.wctx.Err())
-	}
-	return p.grant(a.l, a.opts)
+	return a.ended(reply{req: reqQueue, admitted: admitted})
 }
 
-// wait waits until no key of dir was created before the caller's, watching
-// only its predecessor (the last created before it), as concurrency.Mutex
-// does: a release wakes one waiter, not all. A compaction that removes the
-// revision a watch starts from makes it look again.
-func (a *attempt) wait(dir string) error {
+// look reads the caller's entry and the entries created before it (a
+// waiter's view), as concurrency.Mutex does with its predecessor.
+func (a *attempt) look() reply {
 	p, l := a.p, a.l
-	// The reads end when the wait does, or when the caller's lease is lost
-	// (its keeper's context ends).
-	rctx, cancel := context.WithCancel(a.wctx)
-	defer cancel()
-	stop := context.AfterFunc(l.kctx, cancel)
-	defer stop()
-	ops := append([]clientv3.Op{clientv3.OpGet(l.name)}, a.viewOps(dir, l.rev-1, false)...)
-	for {
-		// A look that no change prompted (a watch unconfirmed, or a
-		// renewal interval without events) leaves etcd's last word, that
-		// the key is held, standing: unanswered at the Timeout, it is
-		// (nil, nil), as the watch it replaces would have been.
-		a.sent, a.replied = time.Now(), a.unprompted
-		a.unprompted = false
-		resp, _, err := hedge(rctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.TxnResponse, error) {
-			return p.client.Txn(ctx).Then(ops...).Commit()
-		})
-		if err != nil {
-			switch {
-			case a.wctx.Err() != nil:
-				return fmt.Errorf("etcdlock: waiting for %s: %w", keyfmt.Quote(a.key), err)
-			case l.Err() != nil || l.kctx.Err() != nil:
-				<-l.Lost()
-				return fmt.Errorf("etcdlock: waiting for %s: %w", keyfmt.Quote(a.key), l.Err())
-			}
-			// The read is read-only, and the caller's place is kept by
-			// its lease: a waiter rides through a leader change or a
-			// restart of the cluster as long as its lease lives.
-			t := time.NewTimer(retryPause)
-			select {
-			case <-t.C:
-			case <-rctx.Done():
-				t.Stop()
-			}
-			continue
-		}
-		a.replied = true
-		if len(resp.Responses[0].GetResponseRange().Kvs) == 0 {
-			return fmt.Errorf("etcdlock: waiting for %s: the caller's place in the queue vanished (its etcd lease expired or was revoked)", keyfmt.Quote(a.key))
-		}
-		v := a.view(resp.Responses[1:])
-		if v.admits(a.opts) {
-			return nil
-		}
-		if p.beforeWatch != nil {
-			p.beforeWatch(resp.Header.Revision + 1)
-		}
-		if err := a.waitFor(dir, v, resp.Header.Revision+1); err != nil {
-			return err
-		}
+	// A look that no change prompted (a watch unconfirmed, or a renewal
+	// interval without events) leaves etcd's last word, that the key is
+	// held, standing: unanswered at the Timeout, it is (nil, nil), as the
+	// watch it replaces would have been.
+	a.sent, a.replied = time.Now(), a.unprompted
+	a.unprompted = false
+	ops := append([]clientv3.Op{clientv3.OpGet(l.name)}, a.viewOps(a.dir, l.rev-1, false)...)
+	resp, _, err := hedge(a.rctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return p.client.Txn(ctx).Then(ops...).Commit()
+	})
+	if err != nil {
+		return a.ended(reply{req: reqLook, err: err})
 	}
+	a.replied = true
+	if len(resp.Responses[0].GetResponseRange().Kvs) == 0 {
+		return a.ended(reply{req: reqLook, gone: true})
+	}
+	a.v, a.rev = a.view(resp.Responses[1:]), resp.Header.Revision+1
+	return a.ended(reply{req: reqLook, admitted: a.v.admits(a.opts)})
+}
+
+// watch waits from the revision after the last look for the change that
+// may admit the caller (watching only its predecessor, for an exclusive
+// caller: a release wakes one waiter, not all). A compaction that removes
+// the revision a watch starts from makes it look again.
+func (a *attempt) watch() reply {
+	if a.p.beforeWatch != nil {
+		a.p.beforeWatch(a.rev)
+	}
+	a.waitFor(a.dir, a.v, a.rev)
+	return a.ended(reply{req: reqWatch})
 }
 
 // queue counts the caller as waiting (d = 1) or no longer (d = -1), once

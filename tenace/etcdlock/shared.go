@@ -11,7 +11,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"tenace.dev/tenace"
-	"tenace.dev/tenace/internal/keyfmt"
 )
 
 // SupportsShared reports true: Acquire honours LockAcquireOptions.Shared
@@ -153,19 +152,21 @@ func (v view) admits(opts tenace.LockAcquireOptions) bool {
 // exclusive entry before it, or else of enough of the entries before it to
 // bring them under the limit (or of the head, whose count may differ).
 // The caller then reads its view again.
-func (a *attempt) waitFor(dir string, v view, rev int64) error {
+func (a *attempt) waitFor(dir string, v view, rev int64) {
 	switch {
 	case !a.opts.Shared:
-		return a.waitEvents(string(v.last.Key), rev, nil, func(*clientv3.Event) bool { return true })
+		a.waitEvents(string(v.last.Key), rev, nil, func(*clientv3.Event) bool { return true })
+		return
 	case v.excl != nil:
-		return a.waitEvents(string(v.excl.Key), rev, nil, func(*clientv3.Event) bool { return true })
+		a.waitEvents(string(v.excl.Key), rev, nil, func(*clientv3.Event) bool { return true })
+		return
 	}
 	need := len(v.before) - v.limit(a.opts) + 1
 	var head string
 	if v.head != nil {
 		head = string(v.head.Key)
 	}
-	return a.waitEvents(dir, rev, []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithPrevKV()}, func(ev *clientv3.Event) bool {
+	a.waitEvents(dir, rev, []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithPrevKV()}, func(ev *clientv3.Event) bool {
 		if ev.PrevKv == nil || ev.PrevKv.CreateRevision < a.l.rev {
 			need--
 		}
@@ -175,9 +176,10 @@ func (a *attempt) waitFor(dir string, v view, rev int64) error {
 
 // waitEvents watches key (with opts) for deletions from rev on, until done
 // says one is the change waited for, or the watch ends for another reason
-// (a compaction, a member lost), or a renewal interval passed: either way
-// the caller looks at the queue again.
-func (a *attempt) waitEvents(key string, rev int64, opts []clientv3.OpOption, done func(*clientv3.Event) bool) error {
+// (a compaction, a member lost), or a renewal interval passed — the
+// caller then looks at the queue again — or the wait ends, or the
+// caller's lease is lost (the driver reads which).
+func (a *attempt) waitEvents(key string, rev int64, opts []clientv3.OpOption, done func(*clientv3.Event) bool) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(a.wctx))
 	defer cancel()
 	// A watch served by a member that stalled (SIGSTOP, a partition: its
@@ -191,7 +193,7 @@ func (a *attempt) waitEvents(key string, rev int64, opts []clientv3.OpOption, do
 	wch := a.p.client.Watch(wctx, key, append(opts, clientv3.WithRev(rev), clientv3.WithFilterPut())...)
 	if !unconfirmed.Stop() && a.wctx.Err() == nil {
 		a.unprompted = true
-		return nil
+		return
 	}
 	recheck := time.NewTimer(a.p.interval)
 	defer recheck.Stop()
@@ -199,21 +201,18 @@ func (a *attempt) waitEvents(key string, rev int64, opts []clientv3.OpOption, do
 		select {
 		case <-recheck.C:
 			a.unprompted = true
-			return nil
+			return
 		case <-a.l.Lost():
-			return fmt.Errorf("etcdlock: waiting for %s: %w", keyfmt.Quote(a.key), a.l.Err())
+			return
 		case <-a.wctx.Done():
-			return a.wctx.Err()
+			return
 		case wr, ok := <-wch:
 			if !ok || wr.Canceled || wr.Err() != nil {
-				if a.wctx.Err() != nil {
-					return a.wctx.Err()
-				}
-				return nil // look again
+				return // look again, or the wait ended
 			}
 			for _, ev := range wr.Events {
 				if done(ev) {
-					return nil
+					return
 				}
 			}
 		}

@@ -9,8 +9,9 @@ import (
 
 // takeSpare returns the spare etcd lease — granted ahead of need, or
 // given back by a clean release — and the time its expiry is measured
-// from, if it has at least a renewal interval left before its loss time
-// (the keeper Acquire starts for it sends its first keepalive by then);
+// from, if it has at least a renewal interval and spareSlack left before
+// its loss time (the keeper Acquire starts for it sends its first
+// keepalive halfway there, and that has as long to come back);
 // nil when there is none fit for use, and then it starts the grant of the
 // next spare in the background, unless one is in flight or the provider
 // is closed.
@@ -27,7 +28,7 @@ func (p *Provider) takeSpare() (*clientv3.LeaseGrantResponse, time.Time) {
 	defer p.mu.Unlock()
 	g, sent := p.spare, p.spareSent
 	p.spare = nil
-	fit := g != nil && time.Until(sent.Add(time.Duration(g.TTL)*time.Second-margin(p.window))) >= p.interval
+	fit := g != nil && time.Until(sent.Add(time.Duration(g.TTL)*time.Second-margin(p.window))) >= p.interval+spareSlack
 	if !fit && !p.refilling && !p.isClosed {
 		p.refilling = true
 		p.bg.Add(1) // while not closed: Close's Wait comes after
@@ -97,3 +98,8 @@ func (p *Provider) putSpare(id clientv3.LeaseID, expiry time.Time, ttl time.Dura
 	}
 	p.spare, p.spareSent = &clientv3.LeaseGrantResponse{ID: id, TTL: int64(ttl / time.Second)}, sent
 }
+
+// spareSlack is what a spare must have left before its loss time beyond a
+// renewal interval: two hedged tries' worth, so that the first keepalive
+// of a lease taken old has time to come back on a loaded machine.
+const spareSlack = 2 * hedgeAfter

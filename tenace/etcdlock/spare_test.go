@@ -1,0 +1,57 @@
+package etcdlock_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"tenace.dev/tenace"
+	"tenace.dev/tenace/etcdlock"
+)
+
+// TestALeaseIsReusedOnlyAfterACleanRelease: the etcd lease of a released
+// grant serves the next Acquire (no lease grant on its path), carrying
+// only the new entry — the released key is free, the token above the old
+// one; a lease lost is never reused; a spare too old to be kept alive in
+// time is not used either (it lapses).
+func TestALeaseIsReusedOnlyAfterACleanRelease(t *testing.T) {
+	c := cluster(t)
+	admin := newClient(t, c.Endpoints()...)
+	// A 3s window: a spare is fit for 0.75s after its grant or last
+	// keepalive (a renewal interval, 1s, and 0.5s before its loss time,
+	// 2.25s), time enough for the reuses below on a loaded machine.
+	p := newProvider(t, newClient(t, c.Endpoints()...), etcdlock.WithWindow(3*time.Second))
+	a, b := keyOf(t, "a"), keyOf(t, "b")
+	// The provider's first Acquire grants a lease on its path and starts
+	// the grant of a spare beside it; its release gives one back.
+	warm := mustAcquire(t, p, keyOf(t, "warm"), tenace.LockAcquireOptions{})
+	require.NoError(t, warm.Release(bg))
+
+	first := mustAcquire(t, p, a, tenace.LockAcquireOptions{})
+	require.NoError(t, first.Release(bg))
+	next := mustAcquire(t, p, b, tenace.LockAcquireOptions{})
+	require.Equal(t, etcdlock.LeaseID(first), etcdlock.LeaseID(next), "the released grant's lease was not reused")
+	require.Zero(t, queued(t, admin, p, a), "the reused lease kept the released key")
+	require.Greater(t, next.(tenace.FencedLease).Token(), first.(tenace.FencedLease).Token())
+	resp, err := admin.TimeToLive(bg, etcdlock.LeaseID(next), clientv3.WithAttachedKeys())
+	require.NoError(t, err)
+	require.Len(t, resp.Keys, 1, "a lease carries one entry at most")
+	require.Equal(t, etcdlock.EtcdKey(next), string(resp.Keys[0]))
+
+	// Lost: revoked from outside. Its lease is not the next one's.
+	_, err = admin.Revoke(bg, etcdlock.LeaseID(next))
+	require.NoError(t, err)
+	require.ErrorIs(t, next.Release(bg), tenace.ErrLeaseLost)
+	after := mustAcquire(t, p, a, tenace.LockAcquireOptions{})
+	require.NotEqual(t, etcdlock.LeaseID(next), etcdlock.LeaseID(after), "a lost lease was reused")
+
+	// Too old: a spare with less than a renewal interval and 0.5s left
+	// before its loss time is left to lapse.
+	require.NoError(t, after.Release(bg))
+	time.Sleep(time.Second) // the spare's age is the point
+	late := mustAcquire(t, p, b, tenace.LockAcquireOptions{})
+	require.NotEqual(t, etcdlock.LeaseID(after), etcdlock.LeaseID(late), "a spare too old to keep alive in time was used")
+	require.NoError(t, late.Release(bg))
+}
