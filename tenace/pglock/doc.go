@@ -21,7 +21,7 @@
 // looks up the key's id, takes the session advisory lock
 // pg_advisory_lock(table OID, id) — or pg_try_advisory_lock with NoWait;
 // the _shared forms for a shared caller (see Shared locks and permits) —
-// and, only once the lock is held, advances the key's fence and returns
+// and, only once the lock is held, increments the key's fence and returns
 // it; the statement commits before it answers. A key's first use inserts
 // its row (one more statement). Release runs pg_advisory_unlock on the same
 // connection and gives the connection back to the pool.
@@ -38,20 +38,14 @@
 //     fails with the server's error; hash it yourself if you need longer
 //     keys).
 //   - Fencing tokens (leases are tenace.FencedLease) strictly increase per
-//     key, across processes and across server restarts and crashes. A
-//     token is the larger of the key's last token + 1 and the server's
-//     clock in microseconds: a token that is the clock's reading commits
-//     without waiting for its WAL (a crash may lose it, and the first
-//     grant after the restart reads a later clock), one that is not (the
-//     clock is behind) commits synchronously, whatever the session's
-//     synchronous_commit. The crash case assumes that the server's clock
-//     does not go back, across the crash, by more than the time from the
-//     last grant before it to the first after it; a failover to a
-//     standby, asynchronous too, keeps the tokens increasing while the
-//     new primary's clock is not behind the old one's by more than the
-//     failover took (see Provider.fenceSQL's comment in the source for the
-//     argument). WithoutFencing drops them, and with them the grant's
-//     write.
+//     key, across processes and across server restarts and crashes: the
+//     fence is committed, and its WAL flushed to disk, before the grant
+//     returns: the acquire statement sets synchronous_commit to on for its
+//     own transaction when the session's is off or local, so a server tuned
+//     with synchronous_commit off keeps the guarantee (remote_write and
+//     remote_apply are kept). A failover to a replica keeps them only if the
+//     replication is synchronous. WithoutFencing drops them, and with them
+//     the grant's write.
 //
 // A token protects a resource that checks it on every access: a read raises
 // the highest token the resource has seen and refuses a lower one, a write
@@ -62,8 +56,8 @@
 // write (FenceSchema, the table; FenceSQL, the statement).
 //
 // Costs: an acquire is one round trip (three on a key's first use) and, with
-// fencing, a write transaction, which waits for no WAL flush while the
-// token is the clock's (see above); a release is one round trip. A held lease costs a
+// fencing, a write transaction — a WAL flush per grant (committed
+// synchronously, see above); a release is one round trip. A held lease costs a
 // connection and a goroutine. Measured against two bare round trips on a
 // held connection, and against redislock: bench/README.md.
 //

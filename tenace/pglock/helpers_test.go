@@ -120,13 +120,3 @@ func waitForWaiters(t *testing.T, srv *pgtest.Server, key string, n int) {
 }
 
 func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-
-// countGrants makes key's fencing tokens count its grants, + 1 each, so
-// that a test can tell from the tokens how many grants landed on the
-// server: it registers the key through p and sets its fence far ahead of
-// the server's clock, which a token is otherwise the larger of.
-func countGrants(t *testing.T, srv *pgtest.Server, p tenace.LockProvider, key string) {
-	t.Helper()
-	require.NoError(t, mustAcquire(t, p, key, tenace.LockAcquireOptions{}).Release(bg))
-	srv.MustExec(t, fmt.Sprintf("UPDATE tenace_lock_keys SET fence = %d WHERE key = convert_to(%s, 'UTF8')", int64(1)<<62, quote(key)))
-}

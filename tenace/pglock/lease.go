@@ -132,12 +132,10 @@ func (u unfenced) Lost() <-chan struct{} { return u.l.Lost() }
 // Err is (*lease).Err.
 func (u unfenced) Err() error { return u.l.Err() }
 
-// Token is the lease's fencing token: the key's fence in the table of
-// keys, advanced in the statement that took the lock to the larger of the
-// last token + 1 and the server's clock in microseconds. It strictly
-// increases, grant after grant, across processes, server restarts and
-// crashes (see the package doc, and Provider.fenceSQL for the argument and
-// its limit: a server clock that goes back across a crash).
+// Token is the lease's fencing token: the key's counter in the table of
+// keys, incremented in the statement that took the lock. It strictly
+// increases, grant after grant, across processes and server restarts (it is
+// committed before the grant is returned).
 func (l *lease) Token() uint64 { return l.token }
 
 // Release unlocks the key and returns the connection to the pool (or closes

@@ -119,7 +119,8 @@ g AS MATERIALIZED (SELECT CASE WHEN ` + unlock + ` THEN pg_advisory_unlock($2::i
 SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), NULL::bigint FROM g`
 	}
 	return head + `,
-` + p.fenceSQL() + `
+u AS (UPDATE ` + p.table + ` SET fence = fence + 1 WHERE id = (SELECT id FROM k) AND (SELECT ok FROM l) RETURNING fence),
+s AS MATERIALIZED (SELECT ` + syncCommit + `)
 SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), (SELECT fence FROM u) FROM s, g`
 }
 

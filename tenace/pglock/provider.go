@@ -372,7 +372,7 @@ func (p *Provider) check(ctx context.Context, s settings) error {
 // key's id, takes the advisory lock (lockFn waits, or tries), and — only
 // when the lock is held — increments the key's fence and returns it, all
 // in one statement (one implicit transaction, committed before the reply,
-// with the rule of fenceSQL). A statement that does not fence (a
+// synchronously: see syncCommit). A statement that does not fence (a
 // provider WithoutFencing, a bulkhead's gate) only takes the lock.
 //
 // Returns (id, locked, fence): id NULL when the key has no row yet
@@ -396,52 +396,20 @@ SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), NULL::bigint`
 	}
 	return `WITH k AS (SELECT id FROM ` + p.table + ` WHERE key = $1),
 l AS MATERIALIZED (SELECT ` + lockExpr + ` AS ok FROM k),
-` + p.fenceSQL() + `
+u AS (UPDATE ` + p.table + ` SET fence = fence + 1 WHERE id = (SELECT id FROM k) AND (SELECT ok FROM l) RETURNING fence),
+s AS MATERIALIZED (SELECT ` + syncCommit + `)
 SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), (SELECT fence FROM u) FROM s`
 }
 
-// The fencing token of a grant is the larger of the key's last token + 1
-// and the server's clock in microseconds (clock_timestamp, read once: the
-// CTE c of fenceSQL). It strictly increases, grant after grant, across
-// processes, restarts and crashes, with one commit in a grant's statement
-// waited for only when the clock is behind:
-//
-//   - while the server runs, the row's UPDATE reads the last committed
-//     token (READ COMMITTED follows the update chain; two grants of one
-//     key, shared ones too, update the row one after the other), and the
-//     next is at least that + 1;
-//   - a token that is the clock's reading (the common case: a grant takes
-//     far longer than a microsecond) commits asynchronously
-//     (synchronous_commit off for its transaction): a crash can lose it,
-//     and the key's row goes back to an older token, but the first grant
-//     after the restart reads the clock again, later, and its token is
-//     larger than every token lost;
-//   - a token that is last + 1 (the clock is behind the tokens: it was
-//     stepped back, or the key's tokens ran ahead of it) commits
-//     synchronously (syncCommit), as every grant's did before the clock
-//     was used: its WAL reaches the disk, and a synchronous standby when
-//     there is one, before the grant returns.
-//
-// Limit: the crash case needs the server's clock not to go back, across
-// the crash, by more than the time from the last grant before it to the
-// first after it (a restart takes seconds; an NTP step back of longer at
-// that moment could hand a token out twice). A failover to a standby,
-// asynchronous too, keeps the tokens increasing while the new primary's
-// clock is not behind the old one's by more than the failover took. A
-// token is at most 2^63 − 1 (bigint); clock readings stay far below it.
-func (p *Provider) fenceSQL() string {
-	return `c AS MATERIALIZED (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000000)::int8 AS us),
-u AS (UPDATE ` + p.table + ` SET fence = greatest(fence + 1, (SELECT us FROM c)) WHERE id = (SELECT id FROM k) AND (SELECT ok FROM l) RETURNING fence),
-s AS MATERIALIZED (SELECT set_config('synchronous_commit', CASE WHEN (SELECT fence FROM u) = (SELECT us FROM c) THEN 'off' ELSE ` + syncCommit + ` END, true))`
-}
-
-// syncCommit is the synchronous_commit of a grant whose token is not the
-// clock's (see fenceSQL): on when the session's is off or local (which
-// does not wait for a synchronous standby), so that a server tuned with
-// synchronous_commit off keeps the guarantee; remote_write and
-// remote_apply are kept. It is set within the statement rather than as a
-// startup parameter, which a pooler in session mode may refuse.
-const syncCommit = `CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' ELSE current_setting('synchronous_commit') END`
+// syncCommit makes the acquire statement's transaction commit
+// synchronously, whatever the session's synchronous_commit: the fence must
+// reach the disk before the grant returns, or a crash would hand its token
+// out again. A server tuned with synchronous_commit off (or local, which
+// does not wait for a synchronous standby) gets on for this transaction
+// only (set_config's is_local); remote_write and remote_apply are kept. It
+// is set within the statement rather than as a startup parameter, which a
+// pooler in session mode may refuse.
+const syncCommit = `set_config('synchronous_commit', CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' ELSE current_setting('synchronous_commit') END, true)`
 
 // bounded is the lock expression of lock (a pg_advisory_lock function) on
 // ($2, id) for a bounded wait (see prepareSQL).
