@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,6 +29,11 @@ import (
 //	                       statements are sent (extended protocol, cached statements):
 //	                       SELECT pg_advisory_lock($1, $2); SELECT pg_advisory_unlock($1, $2)
 //	uncontended/<impl>     one goroutine, acquire+release of its own key
+//	uncontended/ratio      the same for every impl, one op of each in turn per
+//	                       iteration: each one's median (<impl>-µs) and its
+//	                       ratio to pg-hand's (<impl>/pg-hand); with
+//	                       TENACE_BENCH_FSYNC set, ratio-fsync too, the same
+//	                       with fsync on (a commit that waits for the disk)
 //	handoff/<impl>         8 goroutines on one key, 200µs think time; handoff-µs
 //	                       is the mean time from the end of one holder's work
 //	                       to the start of a different holder's (its release,
@@ -64,6 +70,16 @@ func BenchmarkPostgres(b *testing.B) {
 			}
 		})
 	}
+	b.Run("uncontended/ratio", func(b *testing.B) { uncontendedRatios(b, pg.ConnString()) })
+	if os.Getenv("TENACE_BENCH_FSYNC") != "" {
+		// The same with fsync on, as a production server runs: a commit
+		// that waits for its WAL waits for the disk.
+		pg.MustExec(b, "ALTER SYSTEM SET fsync = on")
+		pg.MustExec(b, "SELECT pg_reload_conf()")
+		b.Run("uncontended/ratio-fsync", func(b *testing.B) { uncontendedRatios(b, pg.ConnString()) })
+		pg.MustExec(b, "ALTER SYSTEM RESET fsync")
+		pg.MustExec(b, "SELECT pg_reload_conf()")
+	}
 	for _, impl := range postgresImpls {
 		b.Run("handoff/"+impl.name, func(b *testing.B) {
 			l, err := impl.make(ctx, pg.ConnString(), 16)
@@ -80,6 +96,52 @@ func BenchmarkPostgres(b *testing.B) {
 		defer l.Close()
 		handoff(b, l, "h-tenace-redis")
 	})
+}
+
+// uncontendedRatios times one uncontended acquire+release of every
+// PostgreSQL peer per iteration, in turn (the order rotates), and reports
+// each one's median and its ratio to pg-hand's: on a shared machine whose
+// load swings within seconds, ops timed side by side compare where cells
+// run one after another do not.
+func uncontendedRatios(b *testing.B, conn string) {
+	ctx := context.Background()
+	lockers := make([]load.Locker, len(postgresImpls))
+	times := make([][]time.Duration, len(postgresImpls))
+	hand := -1
+	for i, impl := range postgresImpls {
+		l, err := impl.make(ctx, conn, 4)
+		require.NoError(b, err)
+		defer l.Close()
+		_ = l.Do(ctx, "r-"+impl.name, load.Noop) // register the key, warm the pool
+		lockers[i] = l
+		if impl.name == "pg-hand" {
+			hand = i
+		}
+	}
+	require.GreaterOrEqual(b, hand, 0)
+	n := 0
+	for b.Loop() {
+		for j := range lockers {
+			i := (j + n) % len(lockers)
+			start := time.Now()
+			if err := lockers[i].Do(ctx, "r-"+postgresImpls[i].name, load.Noop); err != nil {
+				b.Fatal(err)
+			}
+			times[i] = append(times[i], time.Since(start))
+		}
+		n++
+	}
+	medians := make([]time.Duration, len(times))
+	for i, ts := range times {
+		slices.Sort(ts)
+		medians[i] = ts[len(ts)/2]
+	}
+	for i, impl := range postgresImpls {
+		b.ReportMetric(float64(medians[i].Microseconds()), impl.name+"-µs")
+		if i != hand {
+			b.ReportMetric(float64(medians[i])/float64(medians[hand]), impl.name+"/pg-hand")
+		}
+	}
 }
 
 // handoff runs 8 contenders on key, each pausing 200µs between its

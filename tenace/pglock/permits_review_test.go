@@ -91,13 +91,13 @@ func TestABulkheadCallerBehindAWriterIsContentionAtItsTimeout(t *testing.T) {
 	key := keyOf(t, "k")
 	w := mustAcquire(t, newProvider(t, srv), key, writer) // another process's writer
 	first := bulkhead(2)
-	first.Timeout = time.Second
+	first.Timeout = 3 * time.Second // long enough for waitForWaiters to see it wait on a loaded machine
 	p1, p2 := newProvider(t, srv), newProvider(t, srv)
 	late1 := serverControl(t, srv, first.Timeout)
 	r1 := acquireAsync(bg, p1, key, first) // holds the gate, waits for the writer
 	waitForWaiters(t, srv, key, 1)
 	second := bulkhead(2)
-	second.Timeout = 2 * time.Second
+	second.Timeout = 2 * first.Timeout
 	late2 := serverControl(t, srv, second.Timeout)
 	start := time.Now()
 	l, err := p2.Acquire(bg, key, second) // waits for the gate, then the writer
