@@ -85,7 +85,8 @@ func (d *DeadlockDetector) Close() { d.mb.Stop() }
 // provider itself then count as one lock space, as they are. A wrapper that
 // changes keys (a prefix, say) must not forward it.
 //
-// With a detector, a Lock with LockOptions.Keys acquires its set one key at
+// With a detector, a Lock with LockOptions.Keys (and a Timeout other than
+// NoWait: a try never waits, so it closes no cycle) acquires its set one key at
 // a time in sorted order through Acquire, as AcquireAll's generic path
 // does, so that the detector sees each grant: it does not call the
 // provider's AcquireSet.

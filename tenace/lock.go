@@ -343,6 +343,18 @@ func (l *Lock) acquire(ctx context.Context, x policy.Execution, provider LockPro
 // one and the wait holds something (see deadlock_cycle.go). A wait the
 // detector ended returns its *DeadlockError.
 func (l *Lock) ask(ctx context.Context, outer *lockCtx, provider LockProvider, key string, keys []string, opts LockAcquireOptions) (lease LockLease, err error) {
+	if opts.Timeout == NoWait {
+		// A try never waits, so it closes no cycle: not granted is its
+		// answer, never a *DeadlockError.
+		if keys == nil {
+			return provider.Acquire(ctx, key, opts)
+		}
+		set, err := acquireSet(ctx, provider, keys, opts)
+		if set == nil {
+			return nil, err // not a nil *SetLease in a non-nil LockLease
+		}
+		return set, err
+	}
 	if keys == nil && (outer == nil || l.opts.Shared) {
 		// Holds nothing, or waits shared (a shared wait may or may not
 		// block, depending on who else waits): no cycle to watch.
