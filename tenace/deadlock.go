@@ -24,7 +24,8 @@ import (
 //     a wait that holds something takes part — a Lock whose execution holds
 //     a key of the provider, or a set holding the keys it was granted while
 //     it waits for the next (see deadlock_cycle.go); a caller that holds
-//     nothing pays nothing. Take keys in one order, or as one set
+//     nothing pays nothing, and a NoWait try, which never waits, is not
+//     granted rather than failed. Take keys in one order, or as one set
 //     (LockOptions.Keys), and no cycle forms.
 //   - a provider's own Acquire returned it (a server that found a cycle).
 //

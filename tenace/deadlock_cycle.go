@@ -17,8 +17,8 @@ import (
 // wait-for graph — and a holding waiter tells it what it holds and what it
 // waits for before it asks for a key, and that it no longer waits once its
 // acquire has returned (in a defer: a provider's Acquire that panics leaves
-// no node behind). A set, which the Lock step then acquires one key at a
-// time in sorted order, reports each key it was granted before it asks for
+// no node behind). A set that is not granted at its first try, which the
+// Lock step then acquires one key at a time in sorted order, reports each key it was granted before it asks for
 // the next: the keys it holds while it waits count as held, also when its
 // execution holds nothing else.
 //
@@ -85,10 +85,11 @@ func (d *DeadlockDetector) Close() { d.mb.Stop() }
 // provider itself then count as one lock space, as they are. A wrapper that
 // changes keys (a prefix, say) must not forward it.
 //
-// With a detector, a Lock with LockOptions.Keys acquires its set one key at
-// a time in sorted order through Acquire, as AcquireAll's generic path
-// does, so that the detector sees each grant: it does not call the
-// provider's AcquireSet.
+// With a detector, a Lock with LockOptions.Keys first tries the whole set
+// once (AcquireAll with NoWait: a try never waits, so it closes no cycle);
+// if that is not granted, it acquires the set one key at a time in sorted
+// order through Acquire, as AcquireAll's generic path does, so that the
+// detector sees each grant. A NoWait Lock only tries.
 type DeadlockDetectingProvider interface {
 	LockProvider
 	// DeadlockDetector returns the provider's detector, the same on every

@@ -343,36 +343,53 @@ func (l *Lock) acquire(ctx context.Context, x policy.Execution, provider LockPro
 // one and the wait holds something (see deadlock_cycle.go). A wait the
 // detector ended returns its *DeadlockError.
 func (l *Lock) ask(ctx context.Context, outer *lockCtx, provider LockProvider, key string, keys []string, opts LockAcquireOptions) (lease LockLease, err error) {
-	if keys == nil && (outer == nil || l.opts.Shared) {
-		// Holds nothing, or waits shared (a shared wait may or may not
-		// block, depending on who else waits): no cycle to watch.
+	if keys != nil {
+		set, err := acquireSetWatched(ctx, outer, provider, keys, opts)
+		if set == nil {
+			return nil, err // not a nil *SetLease in a non-nil LockLease
+		}
+		return set, err
+	}
+	if outer == nil || l.opts.Shared || opts.Timeout == NoWait {
+		// Holds nothing, waits shared (a shared wait may or may not block,
+		// depending on who else waits), or never waits (a NoWait try,
+		// whose answer is not granted, never a *DeadlockError): no cycle
+		// to watch.
 		return provider.Acquire(ctx, key, opts)
 	}
-	order := []string{key}
-	if keys != nil {
-		order = slices.Sorted(slices.Values(keys))
-	}
-	w := watchCycles(ctx, outer, provider, order)
+	w := watchCycles(ctx, outer, provider, []string{key})
 	// Deferred, so that an Acquire that panics leaves no node in the graph.
 	defer func() {
 		if d := w.leave(); d != nil && lease == nil && ctx.Err() == nil {
 			err = d // the detector ended this wait to break a cycle
 		}
 	}()
-	var set *SetLease
-	switch {
-	case keys == nil:
-		return provider.Acquire(w.before(0), key, opts)
-	case w.d == nil:
-		set, err = acquireSet(ctx, provider, keys, opts)
-	default:
-		// One key at a time, so that the detector sees each grant.
-		set, err = acquireInOrder(ctx, provider, order, opts, w.before)
+	return provider.Acquire(w.before(0), key, opts)
+}
+
+// acquireSetWatched is ask for a set. Without a detector, or for a NoWait
+// try, it is AcquireAll's acquire. With one, it first tries the whole set
+// (a try never waits, so it closes no cycle, and an uncontended set costs
+// what it costs without a detector); then it takes the keys one at a time
+// in sorted order, so that the detector sees each grant.
+func acquireSetWatched(ctx context.Context, outer *lockCtx, provider LockProvider, keys []string, opts LockAcquireOptions) (set *SetLease, err error) {
+	if opts.Timeout == NoWait || detectorOf(provider) == nil {
+		return acquireSet(ctx, provider, keys, opts)
 	}
-	if set == nil {
-		return nil, err // not a nil *SetLease in a non-nil LockLease
+	try := opts
+	try.Timeout = NoWait
+	if set, err = acquireSet(ctx, provider, keys, try); set != nil || err != nil {
+		return set, err
 	}
-	return set, err
+	order := slices.Sorted(slices.Values(keys))
+	w := watchCycles(ctx, outer, provider, order)
+	// Deferred, so that an Acquire that panics leaves no node in the graph.
+	defer func() {
+		if d := w.leave(); d != nil && set == nil && ctx.Err() == nil {
+			err = d // the detector ended this wait to break a cycle
+		}
+	}()
+	return acquireInOrder(ctx, provider, order, opts, w.before)
 }
 
 // runWatched runs the inner steps, with lctx as their parent context, while
