@@ -487,7 +487,7 @@ func (s *Shard) acquire(ctx context.Context, key string, r *Request, mode Mode, 
 	// The shard filled in rep.grant (or w's Seen) before it sent the
 	// reply, and the receive happens after the send: reading it is ordered.
 	if rep.kind == replyRefused && r != nil {
-		r.Holder, r.HolderSeen = w.Seen()
+		r.see(w)
 	}
 	s.putWaiter(w)
 	switch rep.kind {
@@ -531,7 +531,7 @@ func (s *Shard) withdraw(w *waiter, r *Request) (passedOn bool) {
 	_ = s.mb.Send(context.Background(), message{kind: msgCancel, w: w})
 	rep := <-w.Value
 	if rep.kind == replyCancelled && r != nil {
-		r.Holder, r.HolderSeen = w.Seen()
+		r.see(w)
 	}
 	s.putWaiter(w)
 	return rep.kind == replyGranted
