@@ -56,6 +56,12 @@ import (
 // order, under one timer for the whole set, and a give-up releases the keys
 // granted so far before it returns.
 //
+// Who holds a key: every grant and wait records the provider's owner label
+// (WithOwner), the Lock's own (LockOptions.Owner) and when it was made;
+// Inspect and List report them (see Inspector), and a refused Lock names
+// the holder it found. Recording them costs the shard one clock reading
+// per batch of messages and a few stores per grant.
+//
 // A MemoryLockProvider is safe for concurrent use. Create it with
 // NewMemoryLockProvider and Close it when done; or share the process-wide
 // DefaultLockProvider(). Its zero value is not usable: its methods panic.
@@ -194,6 +200,9 @@ func DefaultLockProvider() *MemoryLockProvider { return defaultProvider() }
 // A grant that lands at the moment ctx ends or the timeout passes goes to
 // the next waiter, and Acquire reports the give-up: an error or nil lease
 // always means nothing is held. opts.TTL is ignored: these locks never expire.
+// opts.Owner labels the grant and the wait (Inspect shows it); opts.OnHeld,
+// when set, is told the holder the shard found when it answers "not
+// granted" (NoWait, Timeout).
 //
 // With opts.Shared, the lease is one of the key's permits (see
 // LockAcquireOptions.Permits): readers of a read/write lock, or the
