@@ -157,3 +157,19 @@ func TestShardInspectAndList(t *testing.T) {
 	_, _, err = g.Shard(0).List(ctx, "", 0, 10, 10, 0)
 	require.ErrorIs(t, err, ErrStopped)
 }
+
+// A waiter used again forgets the holder its last request saw: drained,
+// it reports none.
+func TestTableSeenIsPerRequest(t *testing.T) {
+	tb := NewTable[int]()
+	a, w := &Waiter[int]{}, &Waiter[int]{}
+	a.SetLabel("holder")
+	require.True(t, tb.Acquire("k", a))
+	require.False(t, tb.TryAcquire("k", w))
+	_, ok := w.Seen()
+	require.True(t, ok)
+	require.False(t, tb.Acquire("k", w)) // used again: queued
+	require.Len(t, tb.Drain(), 1)
+	_, ok = w.Seen()
+	require.False(t, ok, "drained: it found no holder")
+}

@@ -383,7 +383,7 @@ const (
 
 func (t *Table[T]) arrive(w *Waiter[T]) {
 	t.last++
-	w.token, w.lock, w.prev, w.next = t.last, nil, nil, nil
+	w.token, w.lock, w.prev, w.next, w.seen = t.last, nil, nil, nil, seenNone
 }
 
 // Acquire hands w to the table for key. If key is free, w is granted at once
