@@ -3,7 +3,6 @@ package shard
 import (
 	"context"
 	"math/bits"
-	"time"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -33,7 +32,7 @@ type Group struct {
 	opts   Options
 	shards []*Shard
 	n      uint64
-	start  time.Time // the shards' clock counts from here (see Group.Time)
+	clock  *coarseClock // the shards' clock, for grant and wait times (see Group.Time)
 }
 
 // NewGroup starts opts.Shards shard goroutines. It panics if opts.Shards < 1.
@@ -41,7 +40,7 @@ func NewGroup(opts Options) *Group {
 	if opts.Shards < 1 {
 		panic("tenace: shard.NewGroup: Shards must be at least 1")
 	}
-	g := &Group{opts: opts, n: uint64(opts.Shards), start: time.Now()}
+	g := &Group{opts: opts, n: uint64(opts.Shards), clock: newCoarseClock()}
 	g.shards = make([]*Shard, opts.Shards)
 	for i := range g.shards {
 		g.shards[i] = newShard(g)
@@ -96,4 +95,5 @@ func (g *Group) Stop() {
 	for _, s := range g.shards {
 		s.mb.Stop()
 	}
+	g.clock.stop()
 }
