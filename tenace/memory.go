@@ -59,9 +59,8 @@ import (
 // Who holds a key: every grant and wait records the provider's owner label
 // (WithOwner), the Lock's own (LockOptions.Owner) and when it was made;
 // Inspect and List report them (see Inspector), and a refused Lock names
-// the holder it found. Recording them costs a few stores per grant and
-// wait; their times are exact to about 10ms (the shards read a clock that a
-// timer refreshes while they are busy, see package shard).
+// the holder it found. Recording them costs the shard one clock reading
+// per batch of messages and a few stores per grant.
 //
 // A MemoryLockProvider is safe for concurrent use. Create it with
 // NewMemoryLockProvider and Close it when done; or share the process-wide

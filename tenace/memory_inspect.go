@@ -33,7 +33,7 @@ func (p *MemoryLockProvider) Owner() string {
 // by name (owner, mode, since when), and how long the oldest has waited.
 // A key nobody holds has no holders and no waiters (a key waited for is
 // held). Grant and wait times are the system clock's (not a Lock's
-// LockOptions.Clock), exact to about 10ms.
+// LockOptions.Clock), to the batch of the key's shard that made them.
 //
 // It is one message to the key's shard, answered in its turn after every
 // message sent to it before: read-only, it never grants, releases or

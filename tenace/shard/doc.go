@@ -64,11 +64,9 @@
 // # Inspection
 //
 // The table records, with every grant and every queued waiter, its
-// caller's label and the time of the batch that made it (given to the
-// table by [Table.SetNow]: the table reads no clock itself; the shards read
-// the system clock on a batch after an idle spell, else a reading a timer
-// refreshes every 10ms while they are busy, which costs a batch two atomic
-// loads instead of a clock reading). [Shard.Inspect] and [Shard.List] are messages like any other,
+// caller's label and the time of the batch that made it (one clock reading
+// per batch, given to the table by [Table.SetNow]: the table reads no clock
+// itself). [Shard.Inspect] and [Shard.List] are messages like any other,
 // answered in their turn from the table's state at that moment, never
 // changing it; a List walks the table's entries in its own order under a
 // budget, so a page costs a bounded amount whatever the table holds. A

@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"math/bits"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -32,7 +33,7 @@ type Group struct {
 	opts   Options
 	shards []*Shard
 	n      uint64
-	clock  *coarseClock // the shards' clock, for grant and wait times (see Group.Time)
+	start  time.Time // the shards' clock counts from here (see Group.Time)
 }
 
 // NewGroup starts opts.Shards shard goroutines. It panics if opts.Shards < 1.
@@ -40,7 +41,7 @@ func NewGroup(opts Options) *Group {
 	if opts.Shards < 1 {
 		panic("tenace: shard.NewGroup: Shards must be at least 1")
 	}
-	g := &Group{opts: opts, n: uint64(opts.Shards), clock: newCoarseClock()}
+	g := &Group{opts: opts, n: uint64(opts.Shards), start: time.Now()}
 	g.shards = make([]*Shard, opts.Shards)
 	for i := range g.shards {
 		g.shards[i] = newShard(g)
@@ -95,5 +96,4 @@ func (g *Group) Stop() {
 	for _, s := range g.shards {
 		s.mb.Stop()
 	}
-	g.clock.stop()
 }

@@ -172,8 +172,11 @@ func (s *Shard) List(ctx context.Context, prefix string, pos, limit, budget, nam
 
 // Time returns the time of a table clock reading (a HolderView's or
 // WaiterView's Since): the group's clock is the monotonic time since it
-// started, exact to about 10ms (see coarseClock).
-func (g *Group) Time(since int64) time.Time { return g.clock.start.Add(time.Duration(since)) }
+// started.
+func (g *Group) Time(since int64) time.Time { return g.start.Add(time.Duration(since)) }
+
+// now is the group's clock: monotonic nanoseconds since it started.
+func (g *Group) now() int64 { return int64(time.Since(g.start)) }
 
 // Request is what an acquire asks for beyond its key and Mode, for
 // [Shard.AcquireWith]; the shard also reports in it the holder it found.

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"testing"
-	"testing/synctest"
-	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -174,21 +172,4 @@ func TestTableSeenIsPerRequest(t *testing.T) {
 	require.Len(t, tb.Drain(), 1)
 	_, ok = w.Seen()
 	require.False(t, ok, "drained: it found no holder")
-}
-
-// The shards' clock reads the system clock after an idle spell, and a
-// reading at most about a tick old while busy.
-func TestCoarseClock(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		c := newCoarseClock()
-		defer c.stop()
-		time.Sleep(time.Second)
-		require.Equal(t, int64(time.Second), c.read(), "idle: the system clock")
-		time.Sleep(3 * time.Millisecond)
-		require.Equal(t, int64(time.Second), c.read(), "busy, within a tick: the stored reading")
-		time.Sleep(10 * time.Millisecond) // a tick, at 1.010s
-		require.Equal(t, int64(time.Second+10*time.Millisecond), c.read(), "busy: the last tick's reading")
-		time.Sleep(time.Minute) // the ticks stop once a tick passes with no batch
-		require.Equal(t, int64(time.Minute+time.Second+13*time.Millisecond), c.read(), "after an idle spell: the system clock")
-	})
 }

@@ -239,10 +239,9 @@ func newShard(g *Group) *Shard {
 // effect. Tidying after the batch, not before, checks whatever the batch
 // itself changed (see Table.ReleaseByCAS).
 func (s *Shard) handle(batch []message) {
-	// One clock reading per batch, not per grant, and a coarse one while
-	// the shards are busy: the grant and wait times Inspect shows are the
-	// batch's, to about 10ms.
-	s.table.SetNow(s.group.clock.read())
+	// One clock reading per batch, not per grant: the grant and wait times
+	// Inspect shows are the batch's.
+	s.table.SetNow(s.group.now())
 	for i := range batch {
 		m := &batch[i]
 		switch m.kind {
