@@ -89,3 +89,22 @@ func TestTokenFromAllocatesNothing(t *testing.T) {
 	})
 	require.LessOrEqual(t, allocs, 1.0)
 }
+
+// TestLockWithTimeoutAndOwnerAllocatesOnce: a Lock with a Timeout (which
+// watches for the holder a refusal names, through a pooled recorder) and
+// an Owner label stays at one allocation per Execute, like a plain one.
+func TestLockWithTimeoutAndOwnerAllocatesOnce(t *testing.T) {
+	p, _ := newProvider(t)
+	for name, opts := range map[string]tenace.LockOptions{
+		"timeout":           {Provider: p, Timeout: time.Second},
+		"nowait":            {Provider: p, Timeout: tenace.NoWait},
+		"timeout, owner":    {Provider: p, Timeout: time.Second, Owner: "nightly"},
+		"owner, no timeout": {Provider: p, Owner: "nightly"},
+	} {
+		pol := tenace.NewPolicy().WithLock(opts)
+		allocs := testing.AllocsPerRun(1000, func() {
+			_ = pol.Execute(bg, noop, tenace.WithKey("k"))
+		})
+		require.LessOrEqual(t, allocs, 1.0, name)
+	}
+}

@@ -75,7 +75,11 @@ var errDefaultClose = errors.New("tenace: DefaultLockProvider() lives as long as
 // fn did not run. It is not returned when the context ended first: then the
 // context's error is. Its message quotes the key, cut after 256 bytes (a
 // key from a request must not make a message as long as itself); Key is
-// whole.
+// whole. When the provider said who held the key as it refused it
+// (LockAcquireOptions.OnHeld), the message names that holder and how long
+// it had held the key:
+//
+//	tenace: lock "k" not acquired within its 1s timeout: held by api-7f9c/pid 4127 for 3m12s; retry later or raise LockOptions.Timeout
 type LockNotAcquiredError struct {
 	// Key is the lock key.
 	Key string
@@ -83,11 +87,23 @@ type LockNotAcquiredError struct {
 	// NoWait when it tried once. 0 (it had none, and waited as long as its
 	// context allowed) only when a provider answered "not granted" anyway.
 	Timeout time.Duration
+	// Holder is the key's holder as the provider saw it when it refused
+	// (for a set of keys, the holder of the key that refused it; for a key
+	// held shared, its oldest holder); nil when the provider did not say.
+	Holder *HolderInfo
+	// HeldFor is how long Holder had held the key when the Lock was
+	// refused (by the system clock); 0 when Holder or its Since is not
+	// known.
+	HeldFor time.Duration
 }
 
-// Error names the key, how long the Lock waited, and what to do about it.
+// Error names the key, how long the Lock waited, who holds the key when
+// the provider said, and what to do about it.
 func (e *LockNotAcquiredError) Error() string {
-	const held = ": another call holds it; retry later"
+	held := ": another call holds it; retry later"
+	if e.Holder != nil {
+		held = ": held " + e.heldBy() + "; retry later"
+	}
 	key := keyfmt.Quote(e.Key)
 	switch {
 	case e.Timeout == NoWait:
@@ -97,6 +113,25 @@ func (e *LockNotAcquiredError) Error() string {
 	default:
 		return "tenace: lock " + key + " not acquired" + held
 	}
+}
+
+// heldBy says who holds the key and for how long: "by api-7f9c/pid 4127
+// for 3m12s".
+func (e *LockNotAcquiredError) heldBy() string {
+	s := "by " + keyfmt.Label(e.Holder.Owner)
+	if e.Holder.Owner == "" {
+		s = "by an owner the provider does not name"
+	}
+	if e.Holder.Shared {
+		s = "shared " + s + " (its oldest holder)"
+	}
+	switch {
+	case e.HeldFor >= time.Second:
+		s += " for " + e.HeldFor.Round(time.Second).String()
+	case e.HeldFor > 0:
+		s += " for under 1s"
+	}
+	return s
 }
 
 // UnexpectedError is returned, as *UnexpectedError, when the lock provider

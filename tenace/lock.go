@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -301,6 +302,7 @@ func (l *Lock) acquire(ctx context.Context, x policy.Execution, provider LockPro
 			return nil, endDeadlock, d
 		}
 	}
+	seen := watchHolder(&opts)
 	var lease LockLease
 	var err error
 	if observed {
@@ -308,6 +310,7 @@ func (l *Lock) acquire(ctx context.Context, x policy.Execution, provider LockPro
 	} else {
 		lease, err = l.ask(ctx, outer, provider, key, keys, opts)
 	}
+	holder := seen.take()
 	if err != nil {
 		if lease != nil {
 			// Against the contract (an error means nothing is held), but a
@@ -333,7 +336,11 @@ func (l *Lock) acquire(ctx context.Context, x policy.Execution, provider LockPro
 		return nil, endCancelled, ctxErr // a provider may report a ctx that ended as "not granted"
 	}
 	if lease == nil {
-		return nil, endRejected, &LockNotAcquiredError{Key: key, Timeout: l.opts.Timeout}
+		rejected := &LockNotAcquiredError{Key: key, Timeout: l.opts.Timeout, Holder: holder}
+		if holder != nil && !holder.Since.IsZero() {
+			rejected.HeldFor = max(time.Since(holder.Since), 0)
+		}
+		return nil, endRejected, rejected
 	}
 	return lease, endGranted, nil
 }
@@ -524,6 +531,51 @@ func (l *Lock) emitWaitEnd(ctx context.Context, x policy.Execution, name, key st
 // listener can tell a reader's or a bulkhead's wait from a writer's.
 func (l *Lock) event(name, key string, ctx context.Context) Event {
 	return Event{Name: name, Key: key, Context: ctx, Shared: l.opts.Shared, Permits: l.opts.Permits}
+}
+
+// heldBy records the holder a provider reports through
+// LockAcquireOptions.OnHeld. It is pooled, with its callback made once, so
+// that a Lock with a Timeout costs no allocation for it.
+type heldBy struct {
+	info HolderInfo
+	ok   bool
+	fn   func(HolderInfo) // h.see, bound once
+}
+
+var heldByPool = sync.Pool{New: func() any {
+	h := new(heldBy)
+	h.fn = h.see
+	return h
+}}
+
+func (h *heldBy) see(info HolderInfo) { h.info, h.ok = info, true }
+
+// watchHolder sets opts.OnHeld for an acquire that can be refused (one
+// with a Timeout or NoWait), and returns what take reads it from; nil for
+// one that cannot.
+func watchHolder(opts *LockAcquireOptions) *heldBy {
+	if opts.Timeout == 0 {
+		return nil
+	}
+	h := heldByPool.Get().(*heldBy)
+	opts.OnHeld = h.fn
+	return h
+}
+
+// take returns the holder the provider reported, or nil, and pools h: the
+// provider calls OnHeld before its Acquire returns, never after.
+func (h *heldBy) take() *HolderInfo {
+	if h == nil {
+		return nil
+	}
+	var info *HolderInfo
+	if h.ok {
+		info = new(HolderInfo)
+		*info = h.info
+	}
+	h.info, h.ok = HolderInfo{}, false
+	heldByPool.Put(h)
+	return info
 }
 
 // tokenOf is the lease's fencing token, or 0 if it has none.

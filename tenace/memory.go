@@ -56,11 +56,18 @@ import (
 // order, under one timer for the whole set, and a give-up releases the keys
 // granted so far before it returns.
 //
+// Who holds a key: every grant and wait records the provider's owner label
+// (WithOwner), the Lock's own (LockOptions.Owner) and when it was made;
+// Inspect and List report them (see Inspector), and a refused Lock names
+// the holder it found. Recording them costs the shard one clock reading
+// per batch of messages and a few stores per grant.
+//
 // A MemoryLockProvider is safe for concurrent use. Create it with
 // NewMemoryLockProvider and Close it when done; or share the process-wide
 // DefaultLockProvider(). Its zero value is not usable: its methods panic.
 type MemoryLockProvider struct {
 	group     *shard.Group
+	owner     string            // the owner label of every grant (WithOwner)
 	cycles    *DeadlockDetector // the wait-for graph of holding waiters (see deadlock_cycle.go)
 	closed    atomic.Bool
 	isDefault bool
@@ -72,6 +79,7 @@ var (
 	_ MultiLockProvider  = (*MemoryLockProvider)(nil)
 	_ SharedLockProvider = (*MemoryLockProvider)(nil)
 	_ StatsProvider      = (*MemoryLockProvider)(nil)
+	_ Inspector          = (*MemoryLockProvider)(nil)
 
 	_ DeadlockDetectingProvider = (*MemoryLockProvider)(nil)
 )
@@ -83,6 +91,7 @@ type MemoryOption interface {
 
 type memoryConfig struct {
 	shards   int
+	owner    string
 	onQueued func(key string)
 	spawn    func(loop func())
 }
@@ -106,6 +115,19 @@ func WithShards(n int) MemoryOption {
 	return memoryOptionFunc(func(c *memoryConfig) { c.shards = n })
 }
 
+// WithOwner sets the provider's owner label, which Inspect and List show
+// for every grant and wait (HolderInfo.Owner), and a Lock's refusal names
+// (LockNotAcquiredError): a name for this process, such as a pod name or
+// a job id. The default is DefaultOwner(): the host, the process id and a
+// short random suffix. A Lock's own label (LockOptions.Owner) follows it,
+// as "owner (label)". It panics if owner is empty.
+func WithOwner(owner string) MemoryOption {
+	if owner == "" {
+		panic("tenace: WithOwner: empty owner label: leave the option out for DefaultOwner()")
+	}
+	return memoryOptionFunc(func(c *memoryConfig) { c.owner = owner })
+}
+
 // withQueuedHook is for tests: fn runs on the shard goroutine each time an
 // acquire queues, after the shard published its size (see shard.Options).
 func withQueuedHook(fn func(key string)) MemoryOption {
@@ -126,7 +148,11 @@ func NewMemoryLockProvider(opts ...MemoryOption) *MemoryLockProvider {
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
+	if cfg.owner == "" {
+		cfg.owner = DefaultOwner()
+	}
 	return &MemoryLockProvider{
+		owner: cfg.owner,
 		group: shard.NewGroup(shard.Options{
 			Shards:   cfg.shards,
 			OnQueued: cfg.onQueued,
@@ -174,6 +200,9 @@ func DefaultLockProvider() *MemoryLockProvider { return defaultProvider() }
 // A grant that lands at the moment ctx ends or the timeout passes goes to
 // the next waiter, and Acquire reports the give-up: an error or nil lease
 // always means nothing is held. opts.TTL is ignored: these locks never expire.
+// opts.Owner labels the grant and the wait (Inspect shows it); opts.OnHeld,
+// when set, is told the holder the shard found when it answers "not
+// granted" (NoWait, Timeout).
 //
 // With opts.Shared, the lease is one of the key's permits (see
 // LockAcquireOptions.Permits): readers of a read/write lock, or the
@@ -198,12 +227,8 @@ func (p *MemoryLockProvider) Acquire(ctx context.Context, key string, opts LockA
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	mode := shard.Wait
-	switch {
-	case opts.Timeout == NoWait:
-		mode = shard.Try
-	case opts.Timeout > 0:
-		return p.acquireTimeout(ctx, key, opts)
+	if opts.Timeout != 0 || opts.Owner != "" {
+		return p.acquireWith(ctx, key, &opts)
 	}
 	// wait's body, written out: one frame fewer on a waiter's stack. The
 	// shard's Acquire is inlined here, so an exclusive waiter's stack is
@@ -215,9 +240,9 @@ func (p *MemoryLockProvider) Acquire(ctx context.Context, key string, opts LockA
 	var out shard.Outcome
 	var err error
 	if opts.Shared {
-		out, err = s.AcquireShared(ctx, key, opts.Permits, mode, nil)
+		out, err = s.AcquireShared(ctx, key, opts.Permits, shard.Wait, nil)
 	} else {
-		out, err = s.Acquire(ctx, key, mode, nil)
+		out, err = s.Acquire(ctx, key, shard.Wait, nil)
 	}
 	if err != nil {
 		if err == shard.ErrStopped { // the shard returns it unwrapped
@@ -253,35 +278,34 @@ func (p *MemoryLockProvider) refuse(ctx context.Context, key string, opts *LockA
 	return ErrProviderClosed
 }
 
-// acquireTimeout is Acquire with a timeout: the timer lives in this frame,
-// off the common path, so that a plain waiter's frames stay small — every
-// parked waiter keeps them on its stack (see bench/README.md, Waiters).
-func (p *MemoryLockProvider) acquireTimeout(ctx context.Context, key string, opts LockAcquireOptions) (LockLease, error) {
-	// The timer starts before the acquire is sent, so a test clock that sees
-	// the waiter queued has already seen its timer.
-	if clock.IsSystem(opts.Clock) {
+// acquireWith is Acquire with a timeout, NoWait or a label: off the
+// common path, so that a plain waiter's frames stay small — every parked
+// waiter keeps them on its stack (see bench/README.md, Waiters).
+func (p *MemoryLockProvider) acquireWith(ctx context.Context, key string, opts *LockAcquireOptions) (LockLease, error) {
+	switch {
+	case opts.Timeout == NoWait:
+		return p.wait(ctx, key, opts, shard.Try, nil)
+	case opts.Timeout == 0:
+		return p.wait(ctx, key, opts, shard.Wait, nil)
+	case clock.IsSystem(opts.Clock):
+		// The timer starts before the acquire is sent, so a test clock that
+		// sees the waiter queued has already seen its timer.
 		t := p.startTimer(opts.Timeout)
 		defer p.stopTimer(t)
-		return p.wait(ctx, key, &opts, t.C)
+		return p.wait(ctx, key, opts, shard.Wait, t.C)
 	}
 	ch := make(chan time.Time, 1) // one fire, never blocks the clock
 	stop := opts.Clock.AfterFunc(opts.Timeout, func() { ch <- time.Time{} })
 	defer stop()
-	return p.wait(ctx, key, &opts, ch)
+	return p.wait(ctx, key, opts, shard.Wait, ch)
 }
 
 // wait sends the acquire to key's shard and waits for the outcome, or for
-// timeout.
-func (p *MemoryLockProvider) wait(ctx context.Context, key string, opts *LockAcquireOptions, timeout <-chan time.Time) (LockLease, error) {
-	// The mode's choice written out, as in Acquire, for the same reason.
-	s := p.group.For(key)
-	var out shard.Outcome
-	var err error
-	if opts.Shared {
-		out, err = s.AcquireShared(ctx, key, opts.Permits, shard.Wait, timeout)
-	} else {
-		out, err = s.Acquire(ctx, key, shard.Wait, timeout)
-	}
+// timeout. Refused, or not granted in time, it tells opts.OnHeld the
+// holder the shard found, if any.
+func (p *MemoryLockProvider) wait(ctx context.Context, key string, opts *LockAcquireOptions, mode shard.Mode, timeout <-chan time.Time) (LockLease, error) {
+	r := shard.Request{Shared: opts.Shared, Permits: opts.Permits, Label: opts.Owner}
+	out, err := p.group.For(key).AcquireWith(ctx, key, &r, mode, timeout)
 	if err != nil {
 		if err == shard.ErrStopped { // the shard returns it unwrapped
 			return nil, ErrProviderClosed
@@ -289,6 +313,9 @@ func (p *MemoryLockProvider) wait(ctx context.Context, key string, opts *LockAcq
 		return nil, err
 	}
 	if !out.Granted {
+		if r.HolderSeen && opts.OnHeld != nil {
+			opts.OnHeld(p.holder(r.Holder))
+		}
 		return nil, nil
 	}
 	return (*memoryLease)(out.Grant()), nil
@@ -325,12 +352,19 @@ func (p *MemoryLockProvider) AcquireSet(ctx context.Context, keys []string, opts
 		defer opts.Clock.AfterFunc(opts.Timeout, func() { ch <- time.Time{} })()
 		timeout = ch
 	}
-	order, grants, err := p.group.AcquireAll(ctx, keys, mode, timeout)
+	r := shard.Request{Label: opts.Owner}
+	order, grants, err := p.group.AcquireAll(ctx, keys, &r, mode, timeout)
 	if err == shard.ErrStopped {
 		return nil, ErrProviderClosed
 	}
-	if err != nil || grants == nil {
+	if err != nil {
 		return nil, err
+	}
+	if grants == nil {
+		if r.HolderSeen && opts.OnHeld != nil {
+			opts.OnHeld(p.holder(r.Holder))
+		}
+		return nil, nil
 	}
 	leases := make([]LockLease, len(grants))
 	for i, g := range grants {

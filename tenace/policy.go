@@ -48,7 +48,8 @@ const (
 	// Wait: how long the acquire waited; Token: the fencing token, if any.
 	EventLockAcquired = "lock.acquired"
 	// EventLockRejected: the lock was not acquired within its Timeout (or at
-	// once with NoWait). Wait; Err: the *LockNotAcquiredError returned.
+	// once with NoWait). Wait; Err: the *LockNotAcquiredError returned,
+	// which names the key's holder when the provider said who it was.
 	EventLockRejected = "lock.rejected"
 	// EventLockDeadlock: waiting would never end, so the Lock did not wait:
 	// its execution already holds the key, or its wait closed a cycle of

@@ -60,9 +60,13 @@ type LockAcquireOptions struct {
 	// OnHeld, when set, is called by a provider that is about to answer
 	// "not granted" ((nil, nil)) and knows who holds the key without a
 	// further round trip (the engine returned it with the refusal): once,
-	// before Acquire returns, with the holder it saw. A Lock sets it to
+	// before Acquire returns — never after — with the holder it saw, as
+	// much of it as it knows (for a key held shared, its oldest holder;
+	// for a set, the holder of the key that refused it). A Lock sets it to
 	// name the holder in its *LockNotAcquiredError. A provider that does
-	// not know never calls it.
+	// not know never calls it. MemoryLockProvider reports Owner, Shared
+	// and Since, on a NoWait refusal and at a Timeout, from the answer its
+	// shard sends anyway.
 	OnHeld func(HolderInfo)
 }
 

@@ -18,6 +18,8 @@ import (
 //	wait    duration  how long the acquire waited (events that end a wait)
 //	hold    duration  how long the lock was held (lock.released, lock.lost)
 //	token   uint64    the fencing token, when the lease has one
+//	holder  string    lock.rejected: who held the key, when the provider said
+//	held    duration  lock.rejected: how long it had held it, when known
 //	err     error     Event.Err, when set
 //
 // Levels: lock.deadlock is logged at Error — a programming error (nested
@@ -46,8 +48,8 @@ func LogEvents(logger *slog.Logger) func(Event) {
 		if !logger.Enabled(ctx, level) {
 			return
 		}
-		// At most seven attributes, in an array on the stack.
-		var buf [7]slog.Attr
+		// At most nine attributes, in an array on the stack.
+		var buf [9]slog.Attr
 		attrs := append(buf[:0], slog.String("key", e.Key))
 		if e.Shared {
 			attrs = append(attrs, slog.Bool("shared", true))
@@ -63,6 +65,12 @@ func LogEvents(logger *slog.Logger) func(Event) {
 		}
 		if e.Token != 0 {
 			attrs = append(attrs, slog.Uint64("token", e.Token))
+		}
+		if r, ok := e.Err.(*LockNotAcquiredError); ok && r.Holder != nil {
+			attrs = append(attrs, slog.String("holder", r.Holder.Owner))
+			if r.HeldFor > 0 {
+				attrs = append(attrs, slog.Duration("held", r.HeldFor))
+			}
 		}
 		if e.Err != nil {
 			attrs = append(attrs, slog.Any("err", e.Err))

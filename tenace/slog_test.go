@@ -36,7 +36,7 @@ func logLines(t *testing.T, buf *bytes.Buffer) []map[string]any {
 
 func TestLogEventsLogsEachEventWithItsFieldsAndLevel(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := tenace.NewMemoryLockProvider()
+		p := tenace.NewMemoryLockProvider(tenace.WithOwner("api-7f9c"))
 		defer p.Close()
 		var buf bytes.Buffer
 		logger := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -52,12 +52,14 @@ func TestLogEventsLogsEachEventWithItsFieldsAndLevel(t *testing.T) {
 			return nil
 		}))
 		tok := float64(token)
-		rejected := `tenace: lock "k" not acquired within its 2s timeout: another call holds it; retry later or raise LockOptions.Timeout`
+		// The memory provider names the holder it found: the second call
+		// waited 2 s behind the first, granted just before it.
+		rejected := `tenace: lock "k" not acquired within its 2s timeout: held by api-7f9c for 2s; retry later or raise LockOptions.Timeout`
 		require.Equal(t, []map[string]any{
 			{"level": "DEBUG", "msg": "lock.acquiring", "key": "k"},
 			{"level": "DEBUG", "msg": "lock.acquired", "key": "k", "wait": 0.0, "token": tok},
 			{"level": "DEBUG", "msg": "lock.acquiring", "key": "k"},
-			{"level": "WARN", "msg": "lock.rejected", "key": "k", "wait": float64(2 * time.Second), "err": rejected},
+			{"level": "WARN", "msg": "lock.rejected", "key": "k", "wait": float64(2 * time.Second), "holder": "api-7f9c", "held": float64(2 * time.Second), "err": rejected},
 			{"level": "DEBUG", "msg": "lock.released", "key": "k", "hold": float64(2 * time.Second), "token": tok},
 		}, logLines(t, &buf))
 	})
@@ -168,7 +170,7 @@ func ExampleLogEvents() {
 			return a
 		},
 	}))
-	provider := tenace.NewMemoryLockProvider()
+	provider := tenace.NewMemoryLockProvider(tenace.WithOwner("api-7f9c"))
 	defer provider.Close()
 	p := tenace.NewPolicy().
 		WithLock(tenace.LockOptions{Provider: provider, Key: "reports", Timeout: tenace.NoWait}).
@@ -182,7 +184,7 @@ func ExampleLogEvents() {
 	// level=DEBUG msg=lock.acquiring key=reports
 	// level=DEBUG msg=lock.acquired key=reports wait=0s
 	// level=DEBUG msg=lock.acquiring key=reports
-	// level=WARN msg=lock.rejected key=reports wait=0s err="tenace: lock \"reports\" not acquired at once (NoWait): another call holds it; retry later, or wait with a LockOptions.Timeout"
+	// level=WARN msg=lock.rejected key=reports wait=0s holder=api-7f9c held=0s err="tenace: lock \"reports\" not acquired at once (NoWait): held by api-7f9c for under 1s; retry later, or wait with a LockOptions.Timeout"
 	// level=DEBUG msg=lock.released key=reports hold=0s
 	// true
 }

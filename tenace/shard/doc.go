@@ -61,6 +61,18 @@
 // granting it. [Shard.Acquire] documents how that race always ends with the
 // key either in the caller's hands or passed on, never leaked.
 //
+// # Inspection
+//
+// The table records, with every grant and every queued waiter, its
+// caller's label and the time of the batch that made it (one clock reading
+// per batch, given to the table by [Table.SetNow]: the table reads no clock
+// itself). [Shard.Inspect] and [Shard.List] are messages like any other,
+// answered in their turn from the table's state at that moment, never
+// changing it; a List walks the table's entries in its own order under a
+// budget, so a page costs a bounded amount whatever the table holds. A
+// refused Try, and a waiter withdrawn after its timeout, learn the holder
+// the table found from the reply they receive anyway ([Shard.AcquireWith]).
+//
 // # Verifying
 //
 // Build with -tags tenace_verify to run the table's invariant check after

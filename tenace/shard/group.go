@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"math/bits"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -32,6 +33,7 @@ type Group struct {
 	opts   Options
 	shards []*Shard
 	n      uint64
+	start  time.Time // the shards' clock counts from here (see Group.Time)
 }
 
 // NewGroup starts opts.Shards shard goroutines. It panics if opts.Shards < 1.
@@ -39,7 +41,7 @@ func NewGroup(opts Options) *Group {
 	if opts.Shards < 1 {
 		panic("tenace: shard.NewGroup: Shards must be at least 1")
 	}
-	g := &Group{opts: opts, n: uint64(opts.Shards)}
+	g := &Group{opts: opts, n: uint64(opts.Shards), start: time.Now()}
 	g.shards = make([]*Shard, opts.Shards)
 	for i := range g.shards {
 		g.shards[i] = newShard(g)

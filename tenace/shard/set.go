@@ -27,11 +27,18 @@ import (
 // it would make a set wait in several queues at once, which the table's
 // FIFO queues, one waiter per queue, do not model. A set of n keys costs n
 // acquires, as n nested locks would.
-func (g *Group) AcquireAll(ctx context.Context, keys []string, mode Mode, timeout <-chan time.Time) (order []string, grants []*Grant, err error) {
+//
+// r, when not nil, gives every key's acquire its label, and reports the
+// holder of the key that refused the set or kept it waiting past its
+// timeout, as [Shard.AcquireWith] does; r.Shared must be false.
+func (g *Group) AcquireAll(ctx context.Context, keys []string, r *Request, mode Mode, timeout <-chan time.Time) (order []string, grants []*Grant, err error) {
+	if r != nil {
+		r.Holder, r.HolderSeen = HolderView{}, false
+	}
 	order = Order(keys)
 	grants = make([]*Grant, 0, len(order))
 	for _, key := range order {
-		out, err := g.For(key).Acquire(ctx, key, mode, timeout)
+		out, err := g.For(key).acquire(ctx, key, r, mode, timeout)
 		if err != nil || !out.Granted {
 			// The last first: the reverse of the order taken.
 			for i := len(grants) - 1; i >= 0; i-- {

@@ -71,6 +71,7 @@ const (
 	msgCancel              // w: withdraw w (see Shard.withdraw)
 	msgSync                // w: reply once every earlier message is applied
 	msgReap                // nothing: wakes the shard, which sweeps after the batch if still due (see Grant.Release)
+	msgQuery               // w: answer w's query (Inspect, List), then reply
 )
 
 // message is the one type on a shard's mailbox; kind says which fields count.
@@ -238,6 +239,9 @@ func newShard(g *Group) *Shard {
 // effect. Tidying after the batch, not before, checks whatever the batch
 // itself changed (see Table.ReleaseByCAS).
 func (s *Shard) handle(batch []message) {
+	// One clock reading per batch, not per grant: the grant and wait times
+	// Inspect shows are the batch's.
+	s.table.SetNow(s.group.now())
 	for i := range batch {
 		m := &batch[i]
 		switch m.kind {
@@ -274,6 +278,9 @@ func (s *Shard) handle(batch []message) {
 			s.out = append(s.out, delivery{m.w, reply{kind: replySynced}})
 		case msgReap:
 			// Tidy, after the batch, sweeps if it is still due.
+		case msgQuery:
+			s.answer(m.w.query)
+			s.out = append(s.out, delivery{m.w, reply{kind: replySynced}})
 		default:
 			panic("tenace: internal error: shard message of unknown kind")
 		}
@@ -399,7 +406,7 @@ func (s *Shard) stop() {
 // getWaiter), so every later use of the waiter is a message sent to the
 // same mailbox after the cancel, which it delivers after it.
 func (s *Shard) Acquire(ctx context.Context, key string, mode Mode, timeout <-chan time.Time) (Outcome, error) {
-	return s.acquire(ctx, key, false, 0, mode, timeout)
+	return s.acquire(ctx, key, nil, mode, timeout)
 }
 
 // AcquireShared is Acquire of one of key's permits: shared with other
@@ -412,10 +419,26 @@ func (s *Shard) AcquireShared(ctx context.Context, key string, permits int, mode
 	if permits < 0 || permits > math.MaxInt32 {
 		panic("tenace: shard.AcquireShared: permits out of range")
 	}
-	return s.acquire(ctx, key, true, permits, mode, timeout)
+	return s.acquire(ctx, key, &Request{Shared: true, Permits: permits}, mode, timeout)
 }
 
-func (s *Shard) acquire(ctx context.Context, key string, shared bool, permits int, mode Mode, timeout <-chan time.Time) (Outcome, error) {
+// AcquireWith is Acquire, or AcquireShared when r.Shared, with the
+// caller's label r.Label; when it returns an Outcome not granted because
+// a Try was refused or the timeout passed while the request was queued,
+// it reports in r the key's holder the shard found then (r.Holder), with
+// no message more than the withdrawal's. r.Permits is checked as
+// AcquireShared checks it.
+func (s *Shard) AcquireWith(ctx context.Context, key string, r *Request, mode Mode, timeout <-chan time.Time) (Outcome, error) {
+	if r.Permits < 0 || r.Permits > math.MaxInt32 {
+		panic("tenace: shard.AcquireWith: permits out of range")
+	}
+	r.Holder, r.HolderSeen = HolderView{}, false
+	return s.acquire(ctx, key, r, mode, timeout)
+}
+
+// acquire is Acquire with r's mode and label (nil: exclusive, no label),
+// and r's Holder to report.
+func (s *Shard) acquire(ctx context.Context, key string, r *Request, mode Mode, timeout <-chan time.Time) (Outcome, error) {
 	kind := msgAcquire
 	switch mode {
 	case Wait:
@@ -427,8 +450,16 @@ func (s *Shard) acquire(ctx context.Context, key string, shared bool, permits in
 	w := s.getWaiter()
 	// The mode travels in the message, and the shard sets it on w: a pooled
 	// waiter may still have a cancel of its last request ahead in the
-	// mailbox (see withdraw), which reads w's mode of then.
-	m := message{kind: kind, key: key, w: w, shared: shared, permits: int32(permits)}
+	// mailbox (see withdraw), which reads w's mode of then. The label does
+	// not need to: no cancel reads it (a stale cancel finds its waiter
+	// Granted), so the caller sets it here, before the send.
+	m := message{kind: kind, key: key, w: w}
+	if r != nil {
+		m.shared, m.permits = r.Shared, int32(r.Permits)
+		w.SetLabel(r.Label)
+	} else {
+		w.SetLabel("")
+	}
 	// The timeout bounds the wait for room in a full mailbox too.
 	if err := s.mb.SendWithin(ctx, m, timeout); err != nil {
 		if err != ErrStopped {
@@ -442,23 +473,26 @@ func (s *Shard) acquire(ctx context.Context, key string, shared bool, permits in
 	// Send returned nil, so the shard handles the acquire before it stops,
 	// and exactly one reply comes: the grant, the refusal, or "closed" from
 	// the stop's drain of the table. No need to watch for the stop here.
-	var r reply
+	var rep reply
 	if done := ctx.Done(); done == nil && timeout == nil {
-		r = <-w.Value // a plain receive is much cheaper than a select
+		rep = <-w.Value // a plain receive is much cheaper than a select
 	} else {
-		switch r = awaitOrGiveUp(w, done, timeout); r.kind {
+		switch rep = awaitOrGiveUp(w, done, timeout); rep.kind {
 		case gaveUpCtx:
-			return Outcome{PassedOn: s.withdraw(w)}, ctx.Err()
+			return Outcome{PassedOn: s.withdraw(w, nil)}, ctx.Err()
 		case gaveUpTimeout:
-			return Outcome{PassedOn: s.withdraw(w)}, nil
+			return Outcome{PassedOn: s.withdraw(w, r)}, nil
 		}
 	}
-	// The shard filled in r.grant before it sent the reply, and the receive
-	// happens after the send: reading it is ordered.
+	// The shard filled in rep.grant (or w's Seen) before it sent the
+	// reply, and the receive happens after the send: reading it is ordered.
+	if rep.kind == replyRefused && r != nil {
+		r.see(w)
+	}
 	s.putWaiter(w)
-	switch r.kind {
+	switch rep.kind {
 	case replyGranted:
-		return Outcome{Granted: true, Token: r.grant.Token(), grant: r.grant}, nil
+		return Outcome{Granted: true, Token: rep.grant.Token(), grant: rep.grant}, nil
 	case replyRefused:
 		return Outcome{}, nil
 	}
@@ -487,15 +521,20 @@ func awaitOrGiveUp(w *waiter, done <-chan struct{}, timeout <-chan time.Time) re
 // withdraw cancels w after its caller gave up, and reports whether the
 // grant raced the give-up and was passed on; see the abort-during-grant note
 // on Acquire.
-func (s *Shard) withdraw(w *waiter) (passedOn bool) {
+// When the withdrawal took w from the queue and r is not nil, it reports
+// in r the holder the shard found then.
+func (s *Shard) withdraw(w *waiter, r *Request) (passedOn bool) {
 	// No ctx: the caller's has ended, and the cancel must get through. It
 	// blocks only while the mailbox is full, which the loop is draining. If
 	// the shard is stopping the cancel may go unhandled, but the acquire was
 	// handled, so its one reply still comes (the grant, or "closed").
 	_ = s.mb.Send(context.Background(), message{kind: msgCancel, w: w})
-	r := <-w.Value
+	rep := <-w.Value
+	if rep.kind == replyCancelled && r != nil {
+		r.see(w)
+	}
 	s.putWaiter(w)
-	return r.kind == replyGranted
+	return rep.kind == replyGranted
 }
 
 // Release ends grant token on key by a message: the fallback of

@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -57,7 +58,43 @@ type Waiter[T any] struct {
 	prev, next *Waiter[T] // queue links; once granted, next is Also's link
 	state      State
 	shared     bool  // asks for the key shared (see SetShared)
+	seen       seen  // what label and since hold once the waiter is Refused or Cancelled
 	permits    int32 // the permit count it asks for, when shared
+
+	// label is the caller's label for the request (see SetLabel), and
+	// since when the waiter queued (the table's clock, see SetNow). Once
+	// the waiter is Refused, or Cancelled from the queue, they are the
+	// label and grant time of the key's holder it found instead (see
+	// Seen): the request is over, and its own are no longer needed.
+	label string
+	since int64
+	query *query // the shard's: the query a msgQuery carries; the table never reads it
+}
+
+// seen says what a Refused or Cancelled waiter's label and since name.
+type seen uint8
+
+const (
+	seenNone      seen = iota // no holder: the key was free, or the waiter's own
+	seenExclusive             // the key's exclusive holder
+	seenShared                // the oldest of its shared holders
+)
+
+// SetLabel sets the caller's label for the request w carries, which
+// Inspect shows with its wait and its grant. Like SetShared, it is set
+// before w is handed to the table, every time.
+func (w *Waiter[T]) SetLabel(label string) { w.label = label }
+
+// Seen returns, for a waiter refused by TryAcquire or cancelled from the
+// queue by Cancel, the key's holder it found then: its label and when it
+// was granted (the oldest holder when the key was held shared; Token and
+// Permits are not reported); ok is false when the key had no holder, or
+// the waiter is neither Refused nor Cancelled.
+func (w *Waiter[T]) Seen() (h HolderView, ok bool) {
+	if w.seen == seenNone || (w.state != Refused && w.state != Cancelled) {
+		return HolderView{}, false
+	}
+	return HolderView{Label: w.label, Since: w.since, Shared: w.seen == seenShared}, true
 }
 
 // SetShared sets the mode w asks for: exclusive (shared false, the zero
@@ -160,6 +197,21 @@ type entry[T any] struct {
 	idx        int32 // where the entry is in Table.all
 	shared     int32 // shared holders, when the word is stShared
 	permits    int32 // their permit count (0: no limit), set by the first of them
+
+	// What Inspect shows of the holders: the exclusive holder's label and
+	// grant time (when the word is held or contended; stale otherwise), and
+	// the shared holders, in grant order, which is token order (when the
+	// word is stShared).
+	label   string
+	since   int64
+	readers []mark
+}
+
+// mark is one shared holder of a key: its token, label and grant time.
+type mark struct {
+	token uint64
+	label string
+	since int64
 }
 
 // Table is one shard's lock table: a deterministic state machine. It has no
@@ -238,7 +290,8 @@ type entry[T any] struct {
 //  5. A key held shared has at least one shared holder and no more than its
 //     permits (when limited), and its queue's head is one it cannot admit
 //     (an exclusive waiter, or a shared one while every permit is taken);
-//     a key not held shared counts no shared holder.
+//     it keeps one mark per shared holder, in token order (what Inspect
+//     shows); a key not held shared counts no shared holder and no mark.
 //  6. The counts by mode ([Table.SharedStats]) are those of the entries:
 //     the keys held shared, the sum of their shared holders, and the
 //     queued waiters that ask for their key shared.
@@ -290,6 +343,7 @@ type Table[T any] struct {
 	peak    int         // most entries since the map was last rebuilt
 	spare   []*entry[T] // recycled entries, all dead
 	last    uint64      // last token handed out
+	now     int64       // the owner's clock, for grant and wait times (SetNow)
 	waiting int         // waiters queued over all keys
 	byLen   []int       // byLen[n]: keys with exactly n waiters (n ≥ 1)
 	longest int         // the longest queue: the largest n with byLen[n] > 0
@@ -329,7 +383,7 @@ const (
 
 func (t *Table[T]) arrive(w *Waiter[T]) {
 	t.last++
-	w.token, w.lock, w.prev, w.next = t.last, nil, nil, nil
+	w.token, w.lock, w.prev, w.next, w.seen = t.last, nil, nil, nil, seenNone
 }
 
 // Acquire hands w to the table for key. If key is free, w is granted at once
@@ -357,7 +411,7 @@ func (t *Table[T]) Acquire(key string, w *Waiter[T]) (granted bool) {
 	}
 	// The word is contended now: the holder's CAS fails from here on, and
 	// its release comes as a message.
-	w.state, w.lock = Queued, e
+	w.state, w.lock, w.since = Queued, e, t.now
 	if e.tail == nil {
 		e.head = w
 	} else {
@@ -382,6 +436,7 @@ func (t *Table[T]) TryAcquire(key string, w *Waiter[T]) (granted bool) {
 		return true
 	}
 	w.state = Refused
+	see(e, w)
 	return false
 }
 
@@ -428,10 +483,13 @@ func (t *Table[T]) grant(e *entry[T], w *Waiter[T], vacant bool) {
 		}
 		e.shared++
 		t.sharedHolders++
+		e.readers = append(e.readers, mark{token: w.token, label: w.label, since: t.now})
 	case e.head == nil:
 		e.state.Store(held(w.token))
+		e.label, e.since = w.label, t.now
 	default:
 		e.state.Store(contended(w.token))
+		e.label, e.since = w.label, t.now
 	}
 	w.state, w.lock = Granted, e
 }
@@ -551,6 +609,9 @@ func maps_clone[K comparable, V any](m map[K]V) map[K]V {
 func (t *Table[T]) recycle(e *entry[T]) {
 	e.state.Store(stDead)
 	e.key, e.head, e.tail, e.waiting, e.shared, e.permits = "", nil, nil, 0, 0, 0
+	e.label = ""
+	clear(e.readers)
+	e.readers = e.readers[:0]
 	if len(t.spare) < spareMax {
 		t.spare = append(t.spare, e)
 	}
@@ -575,7 +636,7 @@ func (t *Table[T]) ReleaseHeld(h *Held[T]) (released bool, next *Waiter[T]) {
 			return false, nil // drained
 		}
 		h.lock = nil
-		return true, t.leaveShared(e)
+		return true, t.leaveShared(e, h.Token())
 	}
 	if !isCurrent(s, h.token) {
 		return false, nil
@@ -584,7 +645,10 @@ func (t *Table[T]) ReleaseHeld(h *Held[T]) (released bool, next *Waiter[T]) {
 }
 
 // leaveShared ends one shared grant of e and admits whom that lets in.
-func (t *Table[T]) leaveShared(e *entry[T]) *Waiter[T] {
+func (t *Table[T]) leaveShared(e *entry[T], token uint64) *Waiter[T] {
+	if i, ok := slices.BinarySearchFunc(e.readers, token, func(m mark, token uint64) int { return cmp.Compare(m.token, token) }); ok {
+		e.readers = slices.Delete(e.readers, i, i+1)
+	}
 	e.shared--
 	t.sharedHolders--
 	if e.shared == 0 {
@@ -717,6 +781,7 @@ func (t *Table[T]) Cancel(w *Waiter[T]) (removed bool, next *Waiter[T]) {
 		w.state = Cancelled
 		e := w.lock
 		t.unlink(e, w)
+		see(e, w)
 		s := e.state.Load()
 		if s == stShared {
 			// w may have been the head that blocked those behind it.
@@ -738,7 +803,7 @@ func (t *Table[T]) Cancel(w *Waiter[T]) (removed bool, next *Waiter[T]) {
 			// the permit is still taken, unless the table was drained.
 			if s == stShared {
 				w.state = Cancelled // a second Cancel gives back nothing
-				return false, t.leaveShared(e)
+				return false, t.leaveShared(e, w.token)
 			}
 		} else if isCurrent(s, w.token) {
 			return false, t.handOn(e, s, true)
@@ -746,6 +811,26 @@ func (t *Table[T]) Cancel(w *Waiter[T]) (removed bool, next *Waiter[T]) {
 	}
 	return false, nil
 }
+
+// see records in w, which the table refuses or withdraws from e's queue,
+// e's holder at this moment (see Waiter.Seen).
+func see[T any](e *entry[T], w *Waiter[T]) {
+	switch s := e.state.Load(); {
+	case s == stShared && len(e.readers) > 0:
+		w.seen, w.label, w.since = seenShared, e.readers[0].label, e.readers[0].since
+	case s == stFree || s == stDead || s == stShared:
+		w.seen = seenNone
+	default:
+		w.seen, w.label, w.since = seenExclusive, e.label, e.since
+	}
+}
+
+// SetNow sets the table's clock: the time it records as the grant time of
+// each grant, and the queueing time of each waiter, until the next call.
+// The owner calls it before each step (the shard, once per batch: its
+// monotonic nanoseconds since the group started). The table reads no
+// clock of its own.
+func (t *Table[T]) SetNow(now int64) { t.now = now }
 
 // Len is the number of keys held or waited for (a key with waiters is
 // held). It is exact at once after a release by CAS, and safe to call from
@@ -879,7 +964,10 @@ func (t *Table[T]) checkInvariants(quiescent bool) error {
 			if w := e.head; w != nil && admits(e, s, w) {
 				errs = append(errs, fmt.Errorf("invariant 5: key %q keeps waiter %d that it admits", key, w.token))
 			}
-		} else if e.shared != 0 {
+			if len(e.readers) != int(e.shared) || !slices.IsSortedFunc(e.readers, func(a, b mark) int { return cmp.Compare(a.token, b.token) }) {
+				errs = append(errs, fmt.Errorf("invariant 5: key %q has %d shared holders and %d marks of them", key, e.shared, len(e.readers)))
+			}
+		} else if e.shared != 0 || len(e.readers) != 0 {
 			errs = append(errs, fmt.Errorf("invariant 5: key %q counts %d shared holders but is not held shared", key, e.shared))
 		}
 		if tokenOfWord(s) > t.last && s != stShared {

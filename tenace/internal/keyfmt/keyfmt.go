@@ -24,3 +24,22 @@ func Quote(key string) string {
 	}
 	return strconv.Quote(key[:n]) + "… (" + strconv.Itoa(len(key)) + " bytes)"
 }
+
+// Label returns an owner label for a message: as it is when it is valid
+// UTF-8 of printable characters and at most Max bytes, else quoted and cut
+// as Quote does, so that a label cannot forge lines or escapes in a log.
+func Label(label string) string {
+	if len(label) <= Max && utf8.ValidString(label) {
+		printable := true
+		for _, r := range label {
+			if !strconv.IsPrint(r) {
+				printable = false
+				break
+			}
+		}
+		if printable {
+			return label
+		}
+	}
+	return Quote(label)
+}
