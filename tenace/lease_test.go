@@ -22,7 +22,7 @@ func TestMemoryProviderConformance(t *testing.T) {
 		p := tenace.NewMemoryLockProvider()
 		t.Cleanup(func() { _ = p.Close() })
 		return p
-	}, locktest.Capabilities{FIFO: true, ExactStats: true, Fencing: true, Close: true, ReadWrite: true, Permits: true})
+	}, locktest.Capabilities{FIFO: true, ExactStats: true, Fencing: true, Close: true, ReadWrite: true, Permits: true, InspectWaiters: true})
 }
 
 func TestLeaseSignal(t *testing.T) {

@@ -21,7 +21,12 @@
 // Capabilities say the provider promises them, FIFO, exact statistics,
 // fencing tokens, TTL, the lost-lease signal, Close, locks shared by
 // provider values on one server, and shared locks: read/write and N permits
-// per key.
+// per key. For a provider that implements tenace.Inspector, it checks
+// Inspect and List: a held key shows its holder with the grant's owner
+// label, a shared key each of its holders, a waiter appears (with
+// InspectWaiters), a release empties the key, List pages under a prefix
+// cover every held key exactly once, hostile keys (invalid UTF-8,
+// "<script>") come back byte for byte, and after Close both are errors.
 //
 // Every provider times a Timeout on LockAcquireOptions.Clock:
 // TimeoutOnClock passes a manual clock set in the real past, which must
@@ -104,6 +109,12 @@ type Capabilities struct {
 	// (and, with ReadWrite, never a writer beside them), and the permit of
 	// a waiter that timed out or was cancelled comes back.
 	Permits bool
+	// InspectWaiters: the provider implements tenace.Inspector and its
+	// Inspect counts a caller of this provider value waiting for a key
+	// (KeyInfo.Waiting), and forgets it once it gave up. Every provider that
+	// implements tenace.Inspector is checked for its holders and List
+	// without it.
+	InspectWaiters bool
 	// WaitBound is the longest the suite waits for something that must
 	// happen (a grant after a release, a lost signal) before it fails; 0
 	// means 10s.
@@ -163,6 +174,11 @@ func Run(t *testing.T, newProvider func(t *testing.T) tenace.LockProvider, caps 
 		{"PermitBackAfterLoss", s.permitBackAfterLoss, caps.Permits && caps.Lose != nil},
 		{"ReaderLost", s.readerLost, caps.ReadWrite && caps.Lose != nil},
 		{"SharedRefused", s.sharedRefused, !caps.ReadWrite && !caps.Permits},
+		{"InspectHeld", s.inspectHeld, true},
+		{"InspectWaiter", s.inspectWaiter, caps.InspectWaiters},
+		{"InspectShared", s.inspectShared, caps.ReadWrite || caps.Permits},
+		{"List", s.list, true},
+		{"InspectAfterClose", s.inspectClosed, caps.Close},
 	}
 	for _, tc := range tests {
 		if !tc.need {
