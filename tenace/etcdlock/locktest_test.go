@@ -29,6 +29,8 @@ func TestConformance(t *testing.T) {
 		Shared:     true,
 		ReadWrite:  true,
 		Permits:    true,
+		// A waiter is an entry in the key's queue.
+		InspectWaiters: true,
 		Lose: func(t *testing.T, l tenace.LockLease) {
 			_, err := admin.Revoke(bg, etcdlock.LeaseID(l))
 			require.NoError(t, err)

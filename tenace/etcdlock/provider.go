@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/connectivity"
 
@@ -48,6 +49,7 @@ type Provider struct {
 	ttl      time.Duration // default cap of a hold; 0: none
 	window   time.Duration
 	interval time.Duration // 0 until New settles it
+	owner    string        // recorded in every entry's value (WithOwner)
 
 	held    atomic.Int64
 	waiting atomic.Int64
@@ -136,6 +138,9 @@ func New(client *clientv3.Client, opts ...Option) *Provider {
 	p := &Provider{client: client, prefix: DefaultPrefix, window: DefaultWindow, leases: map[*lease]struct{}{}, queues: map[string]int{}}
 	for _, o := range opts {
 		o.apply(p)
+	}
+	if p.owner == "" {
+		p.owner = tenace.DefaultOwner()
 	}
 	p.window = (p.window + time.Second - 1).Truncate(time.Second) // etcd's whole seconds, rounded up
 	if p.interval == 0 {
@@ -252,6 +257,9 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	}
 	if l == nil && a.l != nil {
 		a.l.abandon(a.abandonWait())
+	}
+	if l == nil && err == nil && opts.OnHeld != nil {
+		a.onHeld(opts.OnHeld)
 	}
 	return l, err
 }
@@ -384,8 +392,9 @@ type attempt struct {
 	first   context.Context // the lease grant's and the queueing's: wctx, or lateReply past the Timeout
 	l       *lease          // from the lease grant on
 	sent    time.Time
-	replied bool // etcd answered a request of this attempt
-	held    bool // etcd answered that the key is held (another entry heads the queue)
+	replied bool             // etcd answered a request of this attempt
+	held    bool             // etcd answered that the key is held (another entry heads the queue)
+	heldBy  *mvccpb.KeyValue // the head of the queue when the caller joined it (see onHeld)
 	// unprompted: the waiter looks at its queue again with no change seen
 	// (see waitEvents)
 	unprompted bool
@@ -573,9 +582,10 @@ func (a *attempt) queueUp() reply {
 	p := a.p
 	a.sent, a.replied = time.Now(), false
 	view := a.viewOps(a.dir, 0, false)
+	value := p.ownerValue(entryValue(a.opts), a.opts.Owner)
 	resp, _, err := hedge(a.first, hedgeAfter, a.until, func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return p.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.l.name), "=", 0)).
-			Then(append([]clientv3.Op{clientv3.OpPut(a.l.name, entryValue(a.opts), clientv3.WithLease(a.g.ID))}, view...)...).
+			Then(append([]clientv3.Op{clientv3.OpPut(a.l.name, value, clientv3.WithLease(a.g.ID))}, view...)...).
 			Else(append([]clientv3.Op{clientv3.OpGet(a.l.name, clientv3.WithKeysOnly())}, view...)...).Commit()
 	})
 	if err != nil {
@@ -598,6 +608,9 @@ func (a *attempt) queueUp() reply {
 		a.rctx, cancel = context.WithCancel(a.wctx)
 		stop := context.AfterFunc(a.l.kctx, cancel)
 		a.endReads = func() { stop(); cancel() }
+	}
+	if !admitted {
+		a.heldBy = resp.Responses[1].GetResponseRange().Kvs[0] // the head: the view's first read, never empty here
 	}
 	return a.ended(reply{req: reqQueue, admitted: admitted})
 }

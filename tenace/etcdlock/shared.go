@@ -32,7 +32,8 @@ func entryName(dir string, id clientv3.LeaseID, shared bool) string {
 }
 
 // entryValue is the value of a caller's entry: empty for an exclusive one,
-// the permit count asked for (in decimal) for a shared one.
+// the permit count asked for (in decimal) for a shared one; its owner
+// follows (see ownerValue), which versions before owners did not write.
 func entryValue(opts tenace.LockAcquireOptions) string {
 	if !opts.Shared {
 		return ""
@@ -123,7 +124,7 @@ func (v view) without(own clientv3.LeaseID) view {
 // shared holder's count wins), else the caller's own.
 func (v view) limit(opts tenace.LockAcquireOptions) int {
 	if v.head != nil && len(v.head.Value) > 0 {
-		if n, err := strconv.Atoi(string(v.head.Value)); err == nil && n >= 0 {
+		if n, err := strconv.Atoi(permitsOf(v.head.Value)); err == nil && n >= 0 {
 			return n
 		}
 	}

@@ -112,7 +112,12 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	if err := tenace.ValidateAcquire(key, opts); err != nil {
 		return nil, err
 	}
-	return p.acquire(&call{p: p, ctx: ctx, key: key, opts: opts})
+	c := &call{p: p, ctx: ctx, key: key, opts: opts}
+	l, err := p.acquire(c)
+	if l == nil && err == nil && opts.OnHeld != nil {
+		c.onHeld(opts.OnHeld)
+	}
+	return l, err
 }
 
 // acquire runs c, whose input is checked (Acquire, AcquireSet): unless ctx
@@ -211,6 +216,7 @@ type call struct {
 	freed    bool // lock gave the connection slot back before it returned
 	state    atomic.Int32
 	phase    atomic.Int32 // what the server was last asked, for the error
+	heldBy   []byte       // the key's owners when a NoWait try was refused (see onHeld)
 }
 
 // The states of a call (see call).
@@ -429,7 +435,7 @@ func (c *call) lockStatement(conn *pgxpool.Conn, key string) (r reply, id int32,
 	var pid *int32
 	var fence *int64
 	var locked bool
-	err := conn.QueryRow(c.wctx, sql, args...).Scan(&pid, &locked, &fence)
+	err := conn.QueryRow(c.wctx, sql, args...).Scan(&pid, &locked, &fence, &c.heldBy)
 	if h := c.p.hooks; h != nil && h.statementDone != nil {
 		h.statementDone(conn.Conn().PgConn().PID(), err == nil && locked)
 	}
@@ -535,9 +541,11 @@ func (c *call) conclude(conn *pgxpool.Conn, got []setGrant, d decision) (tenace.
 // bound on the server (see lockTimeout) when c is bounded, what remains of
 // the Timeout; else the plain wait, which only ctx and the Timeout's cancel
 // end.
-func (c *call) statement(key string) (string, []any) {
+func (c *call) statement(key string) (_ string, args []any) {
 	p := c.p
-	kind, args := waitPlain, []any{[]byte(key), p.classID}
+	kind := waitPlain
+	args = make([]any, 2, 5) // room for the bound, a bulkhead's count and the owner
+	args[0], args[1] = []byte(key), p.classID
 	switch {
 	case c.opts.Timeout == tenace.NoWait:
 		kind = waitNone
@@ -547,6 +555,7 @@ func (c *call) statement(key string) (string, []any) {
 		c.step = stepped(left)
 		args = append(args, lockTimeout(left))
 	}
+	defer func() { args = c.withOwner(args) }() // the last parameter
 	if c.retry && kind == waitBounded && c.mode() != modePermit {
 		return p.retrySQL[c.mode()], args
 	}

@@ -16,13 +16,17 @@
 //	id    integer identity primary key   the advisory lock is (table OID, id)
 //	key   bytea unique                   the key's exact bytes
 //	fence bigint                         the last grant's fencing token
+//	owners jsonb                         each holding backend's owner label (WithOwner), grant time, token
+//
+// (the owners column is added to a table that lacks it by New, unless
+// WithoutSetup; Inspect and List read it beside pg_locks).
 //
 // Acquire runs one statement on a connection of the provider's own pool: it
 // looks up the key's id, takes the session advisory lock
 // pg_advisory_lock(table OID, id) — or pg_try_advisory_lock with NoWait;
 // the _shared forms for a shared caller (see Shared locks and permits) —
-// and, only once the lock is held, increments the key's fence and returns
-// it; the statement commits before it answers. A key's first use inserts
+// and, only once the lock is held, increments the key's fence (and records
+// the grant's owner) and returns it; the statement commits before it answers. A key's first use inserts
 // its row (one more statement). Release runs pg_advisory_unlock on the same
 // connection and gives the connection back to the pool.
 //

@@ -1,6 +1,7 @@
 package pglock_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -28,6 +29,8 @@ func TestConformance(t *testing.T) {
 		Shared:     true,
 		ReadWrite:  true,
 		Permits:    true,
+		// pg_locks shows every session that waits for the key.
+		InspectWaiters: true,
 		Lose: func(t *testing.T, l tenace.LockLease) {
 			srv.Terminate(t, pglock.BackendPID(l))
 		},
@@ -39,7 +42,7 @@ func TestConformance(t *testing.T) {
 func TestConformanceWithoutFencing(t *testing.T) {
 	srv := server(t)
 	locktest.Run(t, func(t *testing.T) tenace.LockProvider {
-		return newProvider(t, srv, pglock.WithoutFencing())
+		return uninspected{newProvider(t, srv, pglock.WithoutFencing())}
 	}, locktest.Capabilities{
 		ExactStats: true,
 		Losable:    true,
@@ -58,3 +61,21 @@ func TestConformanceWithoutFencing(t *testing.T) {
 	require.False(t, fenced, "WithoutFencing leases are not FencedLease")
 	require.NoError(t, l.Release(bg))
 }
+
+// uninspected is a provider without its Inspector: a provider
+// WithoutFencing writes nothing with a grant, so it records no owners, and
+// the suite's inspection cases (which check the grant's owner label) are
+// not its. Its Inspect is tested in inspect_test.go.
+type uninspected struct{ p *pglock.Provider }
+
+func (u uninspected) Acquire(ctx context.Context, key string, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
+	return u.p.Acquire(ctx, key, opts)
+}
+
+func (u uninspected) AcquireSet(ctx context.Context, keys []string, opts tenace.LockAcquireOptions) (*tenace.SetLease, error) {
+	return u.p.AcquireSet(ctx, keys, opts)
+}
+
+func (u uninspected) Stats() tenace.LockStats { return u.p.Stats() }
+func (u uninspected) SupportsShared() bool    { return u.p.SupportsShared() }
+func (u uninspected) Close() error            { return u.p.Close() }

@@ -97,7 +97,7 @@ const (
 // leave the session holding the gate: session advisory locks survive
 // their transaction's abort. The caller then ends the session (see
 // call.giveBack), unless it knows it holds the gate (the admission).
-func (p *Provider) permitStatement(gateExpr, sharedExpr, nParam string, release bool) string {
+func (p *Provider) permitStatement(gateExpr, sharedExpr, nParam string, release bool, owner string) string {
 	gate := `true`
 	if gateExpr != "" {
 		gate = gateExpr
@@ -109,19 +109,19 @@ func (p *Provider) permitStatement(gateExpr, sharedExpr, nParam string, release 
 	if release {
 		unlock = `(SELECT ok FROM gt)`
 	}
-	head := `WITH k AS (SELECT id FROM ` + p.table + ` WHERE key = $1),
+	head := `WITH k AS (SELECT id` + p.heldByCols() + ` FROM ` + p.table + ` WHERE key = $1),
 gt AS MATERIALIZED (SELECT ` + gate + ` AS ok FROM k),
 n AS MATERIALIZED (` + count + `),
 l AS MATERIALIZED (SELECT CASE WHEN (SELECT ok FROM gt) AND n.held < ` + nParam + `::int8 THEN ` + sharedExpr + ` ELSE false END AS ok FROM k, n),
 g AS MATERIALIZED (SELECT CASE WHEN ` + unlock + ` THEN pg_advisory_unlock($2::int4, -(SELECT id FROM k)) END AS open FROM (SELECT count(*) FROM l) AS after_l)`
 	if !p.fencing {
 		return head + `
-SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), NULL::bigint FROM g`
+SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), NULL::bigint` + heldBySelect + ` FROM g`
 	}
 	return head + `,
-u AS (UPDATE ` + p.table + ` SET fence = fence + 1 WHERE id = (SELECT id FROM k) AND (SELECT ok FROM l) RETURNING fence),
+u AS (UPDATE ` + p.table + ` SET fence = fence + 1` + owner + ` WHERE id = (SELECT id FROM k) AND (SELECT ok FROM l) RETURNING fence),
 s AS MATERIALIZED (SELECT ` + syncCommit + `)
-SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), (SELECT fence FROM u) FROM s, g`
+SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), (SELECT fence FROM u)` + heldBySelect + ` FROM s, g`
 }
 
 // permitChannel is the NOTIFY channel of key id's permits.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -53,6 +54,9 @@ type Provider struct {
 	ttl      time.Duration
 	maxConns int
 	fencing  bool          // leases carry a fencing token (not WithoutFencing)
+	owner    string        // recorded with every grant (WithOwner)
+	ownerArg any           // owner, boxed once for the acquire statements' arguments
+	owners   bool          // the table has the owners column (see ownerColumnsDDL)
 	slots    chan struct{} // a token per connection in use (held + waiting); cap maxConns
 
 	// The acquire statements, by how they wait (waitKind): lockSQL takes
@@ -195,6 +199,7 @@ type settings struct {
 	setup       bool
 	allowPooler bool
 	fencing     bool
+	owner       string
 }
 
 // Option configures New.
@@ -271,7 +276,8 @@ func schema(table string) string {
 	return `CREATE TABLE IF NOT EXISTS ` + table + ` (
 	id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 	key bytea NOT NULL UNIQUE,
-	fence bigint NOT NULL DEFAULT 0
+	fence bigint NOT NULL DEFAULT 0,
+	` + ownerColumnsDDL + `
 )`
 }
 
@@ -311,7 +317,7 @@ func NewWithConfig(ctx context.Context, cfg *pgxpool.Config, opts ...Option) (*P
 		return nil, fmt.Errorf("pglock: creating the pool: %w", err)
 	}
 	p := &Provider{
-		pool: pool, table: sanitize(s.table), ttl: s.ttl, maxConns: s.maxConns, fencing: s.fencing,
+		pool: pool, table: sanitize(s.table), ttl: s.ttl, maxConns: s.maxConns, fencing: s.fencing, owner: s.owner,
 		slots: make(chan struct{}, s.maxConns), leases: map[*lease]struct{}{},
 	}
 	p.closed, p.close = context.WithCancelCause(context.Background())
@@ -365,7 +371,7 @@ func (p *Provider) check(ctx context.Context, s settings) error {
 		return fmt.Errorf("pglock: the table %s is missing (create it with pglock.Schema, or let New create it): %w", p.table, err)
 	}
 	p.classID = int32(oid)
-	return nil
+	return p.checkOwners(ctx, c, s)
 }
 
 // lockStatement: $1 the key, $2 the class id. One round trip: it finds the
@@ -388,17 +394,17 @@ func (p *Provider) check(ctx context.Context, s settings) error {
 // chain), so the previous holder's increment is never lost — nor a shared
 // holder's, granted beside this one: the second UPDATE of the row waits
 // for the first to commit, and increments what it committed.
-func (p *Provider) lockStatement(lockExpr string, fence bool) string {
+func (p *Provider) lockStatement(lockExpr string, fence bool, owner string) string {
 	if !fence {
-		return `WITH k AS (SELECT id FROM ` + p.table + ` WHERE key = $1),
+		return `WITH k AS (SELECT id` + p.heldByCols() + ` FROM ` + p.table + ` WHERE key = $1),
 l AS MATERIALIZED (SELECT ` + lockExpr + ` AS ok FROM k)
-SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), NULL::bigint`
+SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), NULL::bigint` + heldBySelect
 	}
-	return `WITH k AS (SELECT id FROM ` + p.table + ` WHERE key = $1),
+	return `WITH k AS (SELECT id` + p.heldByCols() + ` FROM ` + p.table + ` WHERE key = $1),
 l AS MATERIALIZED (SELECT ` + lockExpr + ` AS ok FROM k),
-u AS (UPDATE ` + p.table + ` SET fence = fence + 1 WHERE id = (SELECT id FROM k) AND (SELECT ok FROM l) RETURNING fence),
+u AS (UPDATE ` + p.table + ` SET fence = fence + 1` + owner + ` WHERE id = (SELECT id FROM k) AND (SELECT ok FROM l) RETURNING fence),
 s AS MATERIALIZED (SELECT ` + syncCommit + `)
-SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), (SELECT fence FROM u) FROM s`
+SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), (SELECT fence FROM u)` + heldBySelect + ` FROM s`
 }
 
 // syncCommit makes the acquire statement's transaction commit
@@ -437,6 +443,14 @@ func (p *Provider) prepareSQL() {
 	// the transaction's abort does not release — as if the wait had
 	// failed; the caller would take it again (a session's advisory locks
 	// are reentrant) and release it once: a leak.
+	// The grant's owner is the statement's last parameter (see
+	// call.statement), when the table records owners.
+	owner := func(n int, mode lockMode, permits string) string {
+		if !p.recordsOwners() {
+			return ""
+		}
+		return p.ownerSet("$"+strconv.Itoa(n), mode, permits)
+	}
 	for kind, f := range map[waitKind]func(lock, id string) string{
 		// pg_advisory_lock returns void, which IS NOT NULL.
 		waitPlain: func(lock, id string) string {
@@ -445,19 +459,20 @@ func (p *Provider) prepareSQL() {
 		waitBounded: bounded,
 		waitNone:    func(lock, id string) string { return `pg_try_` + lock[len("pg_"):] + `($2::int4, ` + id + `)` },
 	} {
-		p.lockSQL[kind] = p.lockStatement(f("pg_advisory_lock", "k.id"), p.fencing)
-		p.sharedSQL[kind] = p.lockStatement(f("pg_advisory_lock_shared", "k.id"), p.fencing)
-		nParam := "$3" // N follows the statement's other parameters
+		n := 3 // the parameters after $1, $2 (and $3, bounded)
 		if kind == waitBounded {
-			nParam = "$4"
+			n = 4
 		}
+		p.lockSQL[kind] = p.lockStatement(f("pg_advisory_lock", "k.id"), p.fencing, owner(n, modeExclusive, ""))
+		p.sharedSQL[kind] = p.lockStatement(f("pg_advisory_lock_shared", "k.id"), p.fencing, owner(n, modeShared, ""))
+		nParam := "$" + strconv.Itoa(n) // N follows the statement's other parameters
 		shared := f("pg_advisory_lock_shared", "k.id")
 		if kind == waitBounded {
 			shared = boundedLeft("pg_advisory_lock_shared", "k.id")
 		}
-		p.entrySQL[kind] = p.permitStatement(f("pg_advisory_lock", "-k.id"), shared, nParam, kind == waitNone)
+		p.entrySQL[kind] = p.permitStatement(f("pg_advisory_lock", "-k.id"), shared, nParam, kind == waitNone, owner(n+1, modeShared, nParam))
 		// With the gate held, only the shared wait sets lock_timeout.
-		p.admitSQL[kind] = p.permitStatement("", shared, nParam, kind == waitNone)
+		p.admitSQL[kind] = p.permitStatement("", shared, nParam, kind == waitNone, owner(n+1, modeShared, nParam))
 	}
 	for mode, m := range map[lockMode]struct{ lock, unlock, lockMode string }{
 		modeExclusive: {"pg_advisory_lock", "pg_advisory_unlock", "ExclusiveLock"},
@@ -468,7 +483,7 @@ func (p *Provider) prepareSQL() {
 		// Checked in pg_locks first: an unlock of a lock not held says so
 		// in a WARNING, to the client and the server's log.
 		p.dropSQL[mode] = `SELECT ` + m.unlock + `($2::int4, k.id) FROM ` + p.table + ` k WHERE k.key = $1 AND ` + mine
-		p.retrySQL[mode] = p.lockStatement(`CASE WHEN `+mine+` THEN true ELSE `+bounded(m.lock, "k.id")+` END`, p.fencing)
+		p.retrySQL[mode] = p.lockStatement(`CASE WHEN `+mine+` THEN true ELSE `+bounded(m.lock, "k.id")+` END`, p.fencing, owner(4, mode, ""))
 	}
 	p.registerSQL = `INSERT INTO ` + p.table + ` (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
 }

@@ -49,7 +49,8 @@ func TestARaceOfGrantAndLockTimeout(t *testing.T) {
 	var id *int32
 	var locked bool
 	var fence *int64
-	require.NoError(t, conn.QueryRow(bg, retry, []byte(key), p.ClassID(), "100").Scan(&id, &locked, &fence))
+	var heldBy any // the statement's last column: the holders a refusal names
+	require.NoError(t, conn.QueryRow(bg, retry, []byte(key), p.ClassID(), "100", "race test").Scan(&id, &locked, &fence, &heldBy))
 	require.True(t, locked, "the wait again counts the raced grant")
 	require.NotNil(t, fence)
 	require.Greater(t, uint64(*fence), token, "and fences it")

@@ -107,10 +107,14 @@ end
 
 // acquireScript: KEYS[1] the lock, KEYS[2] its fencing counter, KEYS[3]
 // the void marker of this token, KEYS[4] the shared holders, KEYS[5] the
-// writers waiting; ARGV[1] the token, ARGV[2] the first expiry in ms,
-// ARGV[3] "1" for a shared caller, ARGV[4] its permit count, ARGV[5] the
-// life in ms of an exclusive waiter's mark (0: it does not mark), ARGV[6]
-// a void marker's life in ms.
+// writers waiting (the owners, ownersSuffix, are named from KEYS[1] in
+// the script: the same hash tag, so the same cluster slot); ARGV[1] the
+// token, ARGV[2] the first expiry in ms, ARGV[3] "1" for a shared caller,
+// ARGV[4] its permit count, ARGV[5] the life in ms of an exclusive
+// waiter's mark (0: it does not mark), ARGV[6] a void marker's life in ms,
+// ARGV[7] the grant's owner label. A grant records its owner (see
+// parseOwned); a refusal returns, fourth, the owner record of the holder
+// it saw (nil when that grant has none).
 //
 // Returns {1, fence} when the key is this token's: granted now, or by an
 // earlier run of the same acquire whose reply was lost (go-redis retries a
@@ -119,8 +123,9 @@ end
 // expires (the holder's PTTL, or the first shared holder's); {0, ms, 1}
 // when a shared caller was refused because a writer waits, and {0, ms, 2}
 // when an exclusive caller was refused by shared holders and marked the
-// key; {-1, 0} when this token was voided (see janitor): an acquire given
-// up for unknown must never take the key afterwards.
+// key (the third element is 0 otherwise); {-1, 0} when this token was
+// voided (see janitor): an acquire given up for unknown must never take
+// the key afterwards.
 //
 // An exclusive caller is granted only if nobody holds the key, shared or
 // not; when shared holders refuse it and it marks (ARGV[5] > 0), it adds
@@ -134,13 +139,14 @@ end
 var acquireScript = newScript("acquire", `
 redis.replicate_commands()
 `+sharedLua+`
+local owners = KEYS[1] .. ':owners'
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
 	return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
 local shared = ARGV[3] == '1'
 if holder and not isShared(holder) then
-	return {0, redis.call('PTTL', KEYS[1])}
+	return {0, redis.call('PTTL', KEYS[1]), 0, redis.call('HGET', owners, holder)}
 end
 local us = micros()
 local ms = math.floor(us / 1000)
@@ -169,19 +175,26 @@ if void then
 end
 local function firstExpiry()
 	local e = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-	return tonumber(e[2]) - ms
+	return tonumber(e[2]) - ms, redis.call('HGET', owners, e[1])
+end
+local function owned(fence, mode)
+	return mode .. ' ' .. string.format('%.0f', ms) .. ' ' .. string.format('%.0f', fence) .. ' ' .. ARGV[7]
 end
 if not shared then
 	if live > 0 then
 		if tonumber(ARGV[5]) > 0 then
 			redis.call('ZADD', KEYS[5], ms + tonumber(ARGV[5]), ARGV[1])
 			extend(KEYS[5], tonumber(ARGV[5]))
-			return {0, firstExpiry(), 2}
+			local px, by = firstExpiry()
+			return {0, px, 2, by}
 		end
-		return {0, firstExpiry()}
+		local px, by = firstExpiry()
+		return {0, px, 0, by}
 	end
 	local fence = nextFence(KEYS[2], us)
 	redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+	redis.call('DEL', owners)
+	redis.call('HSET', owners, ARGV[1], owned(fence, 'x'))
 	if redis.call('EXISTS', KEYS[5]) == 1 then
 		redis.call('ZREM', KEYS[5], ARGV[1])
 	end
@@ -199,11 +212,20 @@ if holder then
 	count = string.sub(holder, 8)
 end
 if tonumber(count) > 0 and live >= tonumber(count) then
-	return {0, firstExpiry()}
+	local px, by = firstExpiry()
+	return {0, px, 0, by}
 end
 local fence = nextFence(KEYS[2], us)
 local px = tonumber(ARGV[2])
 redis.call('ZADD', KEYS[4], ms + px, ARGV[1])
+if redis.call('HLEN', owners) > 2 * live + 8 then
+	for _, t in ipairs(redis.call('HKEYS', owners)) do
+		if not redis.call('ZSCORE', KEYS[4], t) then
+			redis.call('HDEL', owners, t)
+		end
+	end
+end
+redis.call('HSET', owners, ARGV[1], owned(fence, 's' .. count))
 redis.call('SET', KEYS[3], 'held:' .. string.format('%.0f', fence), 'PX', ARGV[6])
 if holder then
 	extendTo(KEYS[1], ms, ms + px)
@@ -228,6 +250,9 @@ type attempt struct {
 	permits                         int           // with shared: the key's count (0: no limit)
 	markMS                          int64         // an exclusive waiter's mark life in ms (see markLife); 0: it does not mark
 	marked                          bool          // a try of this exclusive caller marked the key (see unmark)
+	owner                           any           // the grant's owner: the provider's label, and the caller's (ownerOf)
+	heldBy                          any           // the holder's owner record the last refusal returned (see parseOwned); nil: none
+	heldTTL                         int64         // with heldBy: the holder's TTL in ms that refusal returned
 	keys                            []string      // the acquire script's, made by its first run
 	args                            []any         // likewise
 }
@@ -395,6 +420,7 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 		ttl = p.ttl
 	}
 	a := p.newAttempt(key, ttl)
+	a.owner = p.ownerOf(opts.Owner)
 	noWait := opts.Timeout == tenace.NoWait
 	a.shared, a.permits = opts.Shared, opts.Permits
 	if !a.shared && !noWait {
@@ -406,6 +432,9 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	if ls == nil {
 		if a.marked {
 			p.unmark(a)
+		}
+		if err == nil && opts.OnHeld != nil {
+			a.onHeld(opts.OnHeld)
 		}
 		return nil, err
 	}
@@ -561,9 +590,18 @@ func (a *attempt) run(ctx context.Context) ([]int64, error) {
 		if a.markMS > 0 {
 			mark = a.p.markArg
 		}
-		a.args = []any{a.token, a.pxMS, shared, a.permits, mark, a.p.voidArg}
+		a.args = []any{a.token, a.pxMS, shared, a.permits, mark, a.p.voidArg, a.owner}
 	}
-	return acquireScript.Run(ctx, a.p.client, a.keys, a.args...).Int64Slice()
+	res, err := acquireScript.Run(ctx, a.p.client, a.keys, a.args...).Slice()
+	if err != nil {
+		return nil, err
+	}
+	a.heldBy = nil
+	if len(res) > 3 {
+		a.heldBy = res[3]
+		a.heldTTL, _ = res[1].(int64)
+	}
+	return int64s(res[:min(len(res), 3)])
 }
 
 // The acquire script's mode argument, and a mark life of none, boxed once.

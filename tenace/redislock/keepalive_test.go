@@ -92,8 +92,10 @@ func TestConformance(t *testing.T) {
 		Shared:     true,
 		ReadWrite:  true,
 		Permits:    true,
-		MinTTL:     keptWindow + 100*time.Millisecond,
-		WaitBound:  5 * time.Second,
+		// A waiter subscribes to the key's release channel.
+		InspectWaiters: true,
+		MinTTL:         keptWindow + 100*time.Millisecond,
+		WaitBound:      5 * time.Second,
 		Lose: func(t *testing.T, l tenace.LockLease) {
 			if holders, member, ok := redislock.SharedMember(l); ok {
 				// A shared holder: its member of the key's holders, as a

@@ -65,6 +65,8 @@ type Provider struct {
 	// the acquire script's arguments.
 	voidArg, markArg any
 	logger           *slog.Logger
+	owner            string                      // recorded with every grant (WithOwner)
+	ownerArg         any                         // owner, boxed once for the acquire script's arguments
 	subs             *subscriber                 // one Pub/Sub connection for every waiter, open while any waits
 	probe            func(context.Context) error // dials the server, past go-redis's pool and retries; nil: unknown client
 	// unreachable: the last try ended on a failed dial (Provider.probe), so
@@ -182,6 +184,10 @@ func New(client redis.UniversalClient, opts ...Option) *Provider {
 	if p.interval == 0 {
 		p.interval = p.window / 3
 	}
+	if p.owner == "" {
+		p.owner = tenace.DefaultOwner()
+	}
+	p.ownerArg = p.owner
 	if p.interval >= p.window {
 		panic(fmt.Sprintf("tenace: redislock.New: the renewal interval (%v) must be below the window (%v)", p.interval, p.window))
 	}

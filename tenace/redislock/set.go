@@ -18,7 +18,9 @@ var _ tenace.MultiLockProvider = (*Provider)(nil)
 
 // setScript: for each key i of the set (1-based), KEYS[3i-2] its lock,
 // KEYS[3i-1] its fencing counter, KEYS[3i] the void marker of its token;
-// ARGV[1] the first expiry in ms, ARGV[1+i] key i's token.
+// ARGV[1] the first expiry in ms, ARGV[1+i] key i's token, ARGV[2+n] the
+// grant's owner label (see ownersSuffix; the owners are named from each
+// lock's name in the script, which has its hash tag).
 //
 // acquireScript for several keys, all or none: {1, fence_1, ..., fence_n}
 // when every key is this set's (granted now, or by an earlier run of the
@@ -62,8 +64,14 @@ for i = 1, n do
 	if own[i] then
 		res[1+i] = tonumber(redis.call('GET', KEYS[3*i-1]) or '0')
 	else
-		res[1+i] = nextFence(KEYS[3*i-1], us)
+		local fence = nextFence(KEYS[3*i-1], us)
+		res[1+i] = fence
 		redis.call('SET', KEYS[3*i-2], ARGV[1+i], 'PX', ARGV[1])
+		if ARGV[2+n] then
+			local owners = KEYS[3*i-2] .. ':owners'
+			redis.call('DEL', owners)
+			redis.call('HSET', owners, ARGV[1+i], 'x ' .. string.format('%.0f', math.floor(us / 1000)) .. ' ' .. string.format('%.0f', fence) .. ' ' .. ARGV[2+n])
+		end
 	end
 end
 return res
@@ -121,7 +129,7 @@ func (p *Provider) AcquireSet(ctx context.Context, keys []string, opts tenace.Lo
 		ttl = p.ttl
 	}
 	sorted := slices.Sorted(slices.Values(keys))
-	s := &setAttempt{p: p, name: strings.Join(sorted, ",")}
+	s := &setAttempt{p: p, name: strings.Join(sorted, ","), owner: p.ownerOf(opts.Owner)}
 	for _, k := range sorted {
 		s.parts = append(s.parts, p.newAttempt(k, ttl))
 	}
@@ -203,6 +211,7 @@ type setAttempt struct {
 	p     *Provider
 	name  string     // the keys, sorted, joined by commas: for errors
 	parts []*attempt // sorted by key
+	owner any        // the grant's owner (see Provider.ownerOf)
 }
 
 // try runs the set's script once, dialling the server as attempt.try does
@@ -267,12 +276,13 @@ func (p *Provider) probed(ctx context.Context, f func(context.Context) error) er
 func (s *setAttempt) tryOn(ctx context.Context) (reply, error) {
 	n := len(s.parts)
 	keys := make([]string, 0, 3*n)
-	args := make([]any, 1, 1+n)
+	args := make([]any, 1, 2+n)
 	args[0] = s.parts[0].pxMS
 	for _, a := range s.parts {
 		keys = append(keys, a.lockKey, a.fenceKey, a.voidKey)
 		args = append(args, a.token)
 	}
+	args = append(args, s.owner)
 	start := time.Now() // before the send: the local expiry is never after Redis's
 	res, err := setScript.Run(ctx, s.p.client, keys, args...).Int64Slice()
 	if err != nil {

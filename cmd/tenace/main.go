@@ -1,0 +1,465 @@
+// Command tenace answers, from outside, the first question asked of a
+// stuck lock: who holds it, since when, and who waits. It reads the locks
+// that tenace's distributed providers keep in Redis, PostgreSQL or etcd,
+// and never changes one.
+//
+//	tenace locks   --redis ADDR | --postgres URL | --etcd URLS [--prefix P] [--json]
+//	tenace inspect KEY --redis ADDR | --postgres URL | --etcd URLS [--json]
+//
+// locks lists the held keys (those that begin with --prefix), one line a
+// holder: the key, its mode, owner, how long it has been held, its fencing
+// token, how long its grant lasts without a renewal, and how many wait.
+// inspect shows one key: its holders and its waiters. On a terminal the
+// answer is a table; with --json, a JSON document (keys are arbitrary
+// bytes: in the table, a key that is not plain printable text is quoted as
+// a Go string; in JSON, a key that is not valid UTF-8 also comes as
+// key_base64).
+//
+// Flags, for both commands:
+//
+//	--redis ADDR        a Redis server (host:port)
+//	--postgres URL      a PostgreSQL server (a URL or keyword/value string)
+//	--etcd URLS         an etcd cluster's endpoints, comma-separated
+//	--namespace NS      the provider's namespace: redislock.WithPrefix or
+//	                    etcdlock.WithPrefix (their defaults when empty)
+//	--table T           pglock's table of keys (pglock.DefaultTable)
+//	--timeout D         the bound on the whole command (default 5s)
+//	--json              JSON instead of a table
+//
+// and for locks:
+//
+//	--prefix P          only the keys that begin with P
+//	--max N             at most N keys (default 1000); the rest is counted
+//	                    as not shown
+//
+// An unreachable or silent server is an error, never an empty answer: the
+// command says what failed and exits with status 1 within its timeout;
+// misuse exits with status 2.
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"tenace.dev/tenace"
+	"tenace.dev/tenace/etcdlock"
+	"tenace.dev/tenace/pglock"
+	"tenace.dev/tenace/redislock"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// usage is printed on misuse.
+const usage = `usage:
+  tenace locks   --redis ADDR | --postgres URL | --etcd URLS [--prefix P] [--max N] [--json]
+  tenace inspect KEY --redis ADDR | --postgres URL | --etcd URLS [--json]
+common flags: --namespace NS, --table T (PostgreSQL), --timeout D (default 5s)
+`
+
+// DefaultTimeout bounds a command that is given no --timeout.
+const DefaultTimeout = 5 * time.Second
+
+// config is what the flags say.
+type config struct {
+	redis, postgres, etcd string
+	namespace, table      string
+	prefix                string
+	max                   int
+	timeout               time.Duration
+	json                  bool
+}
+
+// inspector is a provider the command reads, and closes when done.
+type inspector interface {
+	tenace.Inspector
+	Close() error
+}
+
+// run is the command: args without the program's name. It returns the
+// exit status: 0, 1 when the server failed, 2 on misuse.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stderr, usage)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	cmd, rest := args[0], args[1:]
+	if cmd != "locks" && cmd != "inspect" {
+		fmt.Fprintf(stderr, "tenace: unknown command %q\n%s", cmd, usage)
+		return 2
+	}
+	var cfg config
+	fs := flag.NewFlagSet("tenace "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.redis, "redis", "", "a Redis server, host:port")
+	fs.StringVar(&cfg.postgres, "postgres", "", "a PostgreSQL server, as a URL or keyword/value string")
+	fs.StringVar(&cfg.etcd, "etcd", "", "an etcd cluster's endpoints, comma-separated")
+	fs.StringVar(&cfg.namespace, "namespace", "", "the provider's namespace (redislock or etcdlock WithPrefix)")
+	fs.StringVar(&cfg.table, "table", pglock.DefaultTable, "pglock's table of keys")
+	fs.DurationVar(&cfg.timeout, "timeout", DefaultTimeout, "the bound on the whole command")
+	fs.BoolVar(&cfg.json, "json", false, "JSON instead of a table")
+	if cmd == "locks" {
+		fs.StringVar(&cfg.prefix, "prefix", "", "only the keys that begin with it")
+		fs.IntVar(&cfg.max, "max", 1000, "at most this many keys")
+	}
+	// The key of inspect may come before the flags or after them.
+	var key string
+	if cmd == "inspect" && len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+		key, rest = rest[0], rest[1:]
+	}
+	if err := fs.Parse(rest); err != nil {
+		return 2
+	}
+	if cmd == "inspect" && key == "" && fs.NArg() == 1 {
+		key = fs.Arg(0)
+	} else if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "tenace %s: unexpected arguments %q\n%s", cmd, fs.Args(), usage)
+		return 2
+	}
+	if cmd == "inspect" && key == "" {
+		fmt.Fprintf(stderr, "tenace inspect: which key? tenace inspect KEY --redis ADDR\n")
+		return 2
+	}
+	if n := btoi(cfg.redis != "") + btoi(cfg.postgres != "") + btoi(cfg.etcd != ""); n != 1 {
+		fmt.Fprintf(stderr, "tenace %s: give one server: --redis ADDR, --postgres URL or --etcd URLS\n", cmd)
+		return 2
+	}
+	if cfg.timeout <= 0 || cfg.max <= 0 && cmd == "locks" {
+		fmt.Fprintf(stderr, "tenace %s: --timeout and --max must be positive\n", cmd)
+		return 2
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
+	defer cancel()
+	p, err := open(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "tenace %s: %v\n", cmd, explain(err, cfg))
+		return 1
+	}
+	defer p.Close()
+	if cmd == "inspect" {
+		info, err := p.Inspect(ctx, key)
+		if err != nil {
+			fmt.Fprintf(stderr, "tenace inspect: %v\n", explain(err, cfg))
+			return 1
+		}
+		if cfg.json {
+			return writeJSON(stdout, stderr, jsonKey(info))
+		}
+		writeInspect(stdout, info, time.Now())
+		return 0
+	}
+	keys, more, err := list(ctx, p, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "tenace locks: %v\n", explain(err, cfg))
+		return 1
+	}
+	if cfg.json {
+		out := jsonLocks{Keys: make([]jsonKeyInfo, 0, len(keys)), More: more}
+		for _, k := range keys {
+			out.Keys = append(out.Keys, jsonKey(k))
+		}
+		return writeJSON(stdout, stderr, out)
+	}
+	writeLocks(stdout, keys, more, time.Now())
+	return 0
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// open returns the provider cfg names, for reading only.
+func open(ctx context.Context, cfg config) (inspector, error) {
+	switch {
+	case cfg.redis != "":
+		client := redis.NewClient(&redis.Options{Addr: cfg.redis, ContextTimeoutEnabled: true, DialTimeout: cfg.timeout, MaxRetries: -1})
+		var opts []redislock.Option
+		if cfg.namespace != "" {
+			opts = append(opts, redislock.WithPrefix(cfg.namespace))
+		}
+		return closing{redislock.New(client, opts...), client.Close}, nil
+	case cfg.postgres != "":
+		// WithoutSetup: the command creates nothing; one connection is
+		// all it needs.
+		return pglock.New(ctx, cfg.postgres, pglock.WithoutSetup(), pglock.WithTable(cfg.table), pglock.WithMaxConns(1))
+	default:
+		client, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(cfg.etcd, ","), DialTimeout: cfg.timeout, Logger: zap.NewNop()})
+		if err != nil {
+			return nil, err
+		}
+		var opts []etcdlock.Option
+		if cfg.namespace != "" {
+			opts = append(opts, etcdlock.WithPrefix(cfg.namespace))
+		}
+		return closing{etcdlock.New(client, opts...), client.Close}, nil
+	}
+}
+
+// closing is a provider whose Close closes its client too.
+type closing struct {
+	inspector
+	closeClient func() error
+}
+
+func (c closing) Close() error {
+	err := c.inspector.Close()
+	return errors.Join(err, c.closeClient())
+}
+
+// explain adds to err what to check, when the server could not be reached
+// or did not answer.
+func explain(err error, cfg config) error {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, tenace.ErrNoReply) {
+		return fmt.Errorf("%w (no answer within --timeout %v: is the server up and reachable?)", err, cfg.timeout)
+	}
+	return err
+}
+
+// list pages through the held keys, cfg.max at most; more reports that
+// the listing was cut short.
+func list(ctx context.Context, p tenace.Inspector, cfg config) (keys []tenace.KeyInfo, more bool, err error) {
+	opts := tenace.ListOptions{Prefix: cfg.prefix, Limit: min(cfg.max, 100)}
+	for {
+		page, err := p.List(ctx, opts)
+		if err != nil {
+			return nil, false, err
+		}
+		for _, k := range page.Keys {
+			if len(keys) == cfg.max {
+				return keys, true, nil
+			}
+			keys = append(keys, k)
+		}
+		if page.Next == "" {
+			return keys, false, nil
+		}
+		opts.Cursor = page.Next
+	}
+}
+
+// showKey is key as a person may read it: as it is when it is printable
+// text without spaces, else quoted as a Go string (control characters, a
+// terminal's escape sequences and invalid UTF-8 escaped).
+func showKey(key string) string {
+	if key == "" || !utf8.ValidString(key) {
+		return strconv.Quote(key)
+	}
+	for _, r := range key {
+		if !unicode.IsPrint(r) || unicode.IsSpace(r) || r == '"' {
+			return strconv.Quote(key)
+		}
+	}
+	return key
+}
+
+// showText is an owner label as showKey shows a key, "-" when empty.
+func showText(s string) string {
+	if s == "" {
+		return "-"
+	}
+	if !utf8.ValidString(s) {
+		return strconv.Quote(s)
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
+// age is how long ago t was, rounded for a person; "-" when unknown.
+func age(now, t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return roundFor(now.Sub(t))
+}
+
+// left is how long until t, "-" when never.
+func left(now, t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return roundFor(t.Sub(now))
+}
+
+func roundFor(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "0s"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	default:
+		return d.Round(time.Second).String()
+	}
+}
+
+func mode(h tenace.HolderInfo) string {
+	switch {
+	case !h.Shared:
+		return "exclusive"
+	case h.Permits > 0:
+		return "shared/" + strconv.Itoa(h.Permits)
+	default:
+		return "shared"
+	}
+}
+
+func token(t uint64) string {
+	if t == 0 {
+		return "-"
+	}
+	return strconv.FormatUint(t, 10)
+}
+
+// writeLocks writes the table of locks: one line a holder.
+func writeLocks(w io.Writer, keys []tenace.KeyInfo, more bool, now time.Time) {
+	if len(keys) == 0 {
+		fmt.Fprintln(w, "no key is held")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tMODE\tOWNER\tHELD FOR\tTOKEN\tEXPIRES IN\tWAITING\tLONGEST WAIT")
+	for _, k := range keys {
+		wait := "-"
+		if k.LongestWait > 0 {
+			wait = roundFor(k.LongestWait)
+		}
+		if len(k.Holders) == 0 {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t%d\t%s\n", showKey(k.Key), k.Waiting, wait)
+		}
+		for _, h := range k.Holders {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", showKey(k.Key), mode(h), showText(h.Owner), age(now, h.Since), token(h.Token), left(now, h.Expires), k.Waiting, wait)
+		}
+	}
+	_ = tw.Flush()
+	if more {
+		fmt.Fprintln(w, "(more keys are held: raise --max, or narrow --prefix)")
+	}
+}
+
+// writeInspect writes one key's holders and waiters.
+func writeInspect(w io.Writer, k tenace.KeyInfo, now time.Time) {
+	fmt.Fprintf(w, "key %s\n", showKey(k.Key))
+	if len(k.Holders) == 0 {
+		fmt.Fprintln(w, "held by nobody")
+	} else {
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "HOLDER\tMODE\tHELD FOR\tSINCE\tTOKEN\tEXPIRES IN")
+		for _, h := range k.Holders {
+			since := "-"
+			if !h.Since.IsZero() {
+				since = h.Since.Format(time.RFC3339)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", showText(h.Owner), mode(h), age(now, h.Since), since, token(h.Token), left(now, h.Expires))
+		}
+		_ = tw.Flush()
+	}
+	switch {
+	case k.Waiting == 0:
+		fmt.Fprintln(w, "nobody waits")
+	default:
+		fmt.Fprintf(w, "%d waiting", k.Waiting)
+		if k.LongestWait > 0 {
+			fmt.Fprintf(w, ", the longest for %s", roundFor(k.LongestWait))
+		}
+		fmt.Fprintln(w)
+		if len(k.Waiters) > 0 {
+			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "WAITER\tMODE\tWAITING FOR")
+			for _, wt := range k.Waiters {
+				m := "exclusive"
+				if wt.Shared {
+					m = "shared"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", showText(wt.Owner), m, age(now, wt.Since))
+			}
+			_ = tw.Flush()
+		}
+	}
+}
+
+// The JSON the command writes: times in RFC 3339, durations in ms.
+type (
+	jsonLocks struct {
+		Keys []jsonKeyInfo `json:"keys"`
+		More bool          `json:"more"` // cut short by --max
+	}
+	jsonKeyInfo struct {
+		Key         string       `json:"key"`
+		KeyBase64   string       `json:"key_base64,omitempty"` // the exact bytes, when key is not valid UTF-8
+		Holders     []jsonHolder `json:"holders"`
+		Waiting     int          `json:"waiting"`
+		Waiters     []jsonWaiter `json:"waiters"`
+		LongestWait int64        `json:"longest_wait_ms"`
+	}
+	jsonHolder struct {
+		Owner   string     `json:"owner"`
+		Shared  bool       `json:"shared"`
+		Permits int        `json:"permits"`
+		Token   uint64     `json:"token"`
+		Since   *time.Time `json:"since"`
+		Expires *time.Time `json:"expires"`
+	}
+	jsonWaiter struct {
+		Owner  string     `json:"owner"`
+		Shared bool       `json:"shared"`
+		Since  *time.Time `json:"since"`
+	}
+)
+
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+func jsonKey(k tenace.KeyInfo) jsonKeyInfo {
+	out := jsonKeyInfo{Key: k.Key, Holders: []jsonHolder{}, Waiters: []jsonWaiter{}, Waiting: k.Waiting, LongestWait: k.LongestWait.Milliseconds()}
+	if !utf8.ValidString(k.Key) {
+		out.KeyBase64 = base64.StdEncoding.EncodeToString([]byte(k.Key))
+	}
+	for _, h := range k.Holders {
+		out.Holders = append(out.Holders, jsonHolder{Owner: h.Owner, Shared: h.Shared, Permits: h.Permits, Token: h.Token, Since: timeOrNil(h.Since), Expires: timeOrNil(h.Expires)})
+	}
+	for _, w := range k.Waiters {
+		out.Waiters = append(out.Waiters, jsonWaiter{Owner: w.Owner, Shared: w.Shared, Since: timeOrNil(w.Since)})
+	}
+	return out
+}
+
+func writeJSON(stdout, stderr io.Writer, v any) int {
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		fmt.Fprintf(stderr, "tenace: writing JSON: %v\n", err)
+		return 1
+	}
+	return 0
+}

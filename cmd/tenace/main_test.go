@@ -1,0 +1,256 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+
+	"tenace.dev/internal/etcdtest"
+	"tenace.dev/internal/pgtest"
+	"tenace.dev/internal/redistest"
+	"tenace.dev/internal/serverproc"
+	"tenace.dev/tenace"
+	"tenace.dev/tenace/etcdlock"
+	"tenace.dev/tenace/pglock"
+	"tenace.dev/tenace/redislock"
+)
+
+func TestMain(m *testing.M) {
+	// go-redis dials a pool connection on a goroutine Client.Close does not
+	// stop (see redislock's tests); it ends on its own.
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).dialConn"))
+}
+
+var bg = context.Background()
+
+// engine is one server the command reads, with a provider that locks on it.
+type engine struct {
+	name  string
+	start func(t *testing.T) (flags []string, p tenace.LockProvider)
+	// down returns the flags of a server that refuses connections.
+	down func(t *testing.T) []string
+}
+
+func freeAddr(t *testing.T) string {
+	port, err := serverproc.FreePort()
+	require.NoError(t, err)
+	return fmt.Sprintf("127.0.0.1:%d", port)
+}
+
+var engines = []engine{
+	{
+		name: "redis",
+		start: func(t *testing.T) ([]string, tenace.LockProvider) {
+			srv := redistest.Start(t)
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+			p := redislock.New(c, redislock.WithOwner("api-7f9c"))
+			t.Cleanup(func() { _ = p.Close(); _ = c.Close() })
+			return []string{"--redis", srv.Addr}, p
+		},
+		down: func(t *testing.T) []string { return []string{"--redis", freeAddr(t)} },
+	},
+	{
+		name: "postgres",
+		start: func(t *testing.T) ([]string, tenace.LockProvider) {
+			srv := pgtest.Start(t)
+			p, err := pglock.New(bg, srv.ConnString(), pglock.WithOwner("api-7f9c"))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = p.Close() })
+			return []string{"--postgres", srv.ConnString()}, p
+		},
+		down: func(t *testing.T) []string {
+			return []string{"--postgres", "postgres://postgres@" + freeAddr(t) + "/postgres?sslmode=disable"}
+		},
+	},
+	{
+		name: "etcd",
+		start: func(t *testing.T) ([]string, tenace.LockProvider) {
+			c := etcdtest.Start(t)
+			cl, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+			require.NoError(t, err)
+			p := etcdlock.New(cl, etcdlock.WithOwner("api-7f9c"))
+			t.Cleanup(func() { _ = p.Close(); _ = cl.Close() })
+			return []string{"--etcd", strings.Join(c.Endpoints(), ",")}, p
+		},
+		down: func(t *testing.T) []string { return []string{"--etcd", "http://" + freeAddr(t)} },
+	},
+}
+
+// runCmd runs the command in-process and returns its status and output.
+func runCmd(args ...string) (int, string, string) {
+	var out, errOut bytes.Buffer
+	code := run(args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// The command lists the held keys under a prefix — hostile ones shown
+// inert — as a table and as JSON, and inspects one key with its waiter,
+// on every engine.
+func TestLocksAndInspect(t *testing.T) {
+	for _, e := range engines {
+		t.Run(e.name, func(t *testing.T) {
+			flags, p := e.start(t)
+			hostile := "jobs/\x1b[31mred\n<script>"
+			var leases []tenace.LockLease
+			for _, k := range []string{"jobs/a", "jobs/b", hostile, "other"} {
+				l, err := p.Acquire(bg, k, tenace.LockAcquireOptions{Owner: "nightly"})
+				require.NoError(t, err)
+				require.NotNil(t, l)
+				leases = append(leases, l)
+			}
+			defer func() {
+				for _, l := range leases {
+					require.NoError(t, l.Release(bg))
+				}
+			}()
+
+			code, out, errOut := runCmd(append([]string{"locks", "--prefix", "jobs/"}, flags...)...)
+			require.Equal(t, 0, code, errOut)
+			t.Logf("tenace locks:\n%s", out)
+			require.Contains(t, out, "KEY")
+			require.Contains(t, out, "jobs/a")
+			require.Contains(t, out, "api-7f9c (nightly)")
+			require.Contains(t, out, `"jobs/\x1b[31mred\n<script>"`, "quoted, inert")
+			require.NotContains(t, out, "\x1b", "no raw escape reaches the terminal")
+			require.NotContains(t, out, "other")
+
+			code, out, errOut = runCmd(append([]string{"locks", "--json"}, flags...)...)
+			require.Equal(t, 0, code, errOut)
+			var got jsonLocks
+			require.NoError(t, json.Unmarshal([]byte(out), &got))
+			keys := map[string]jsonKeyInfo{}
+			for _, k := range got.Keys {
+				keys[k.Key] = k
+			}
+			require.Contains(t, keys, hostile)
+			require.Contains(t, keys, "other")
+			require.Equal(t, "api-7f9c (nightly)", keys["jobs/a"].Holders[0].Owner)
+			require.NotNil(t, keys["jobs/a"].Holders[0].Since)
+
+			code, out, errOut = runCmd(append([]string{"locks", "--max", "1", "--prefix", "jobs/"}, flags...)...)
+			require.Equal(t, 0, code, errOut)
+			require.Contains(t, out, "more keys are held")
+
+			// A waiter, then inspect.
+			ctx, cancel := context.WithCancel(bg)
+			waited := make(chan error, 1)
+			go func() {
+				_, err := p.Acquire(ctx, "jobs/a", tenace.LockAcquireOptions{Timeout: time.Minute})
+				waited <- err
+			}()
+			require.Eventually(t, func() bool {
+				info, err := p.(tenace.Inspector).Inspect(bg, "jobs/a")
+				require.NoError(t, err)
+				return info.Waiting == 1
+			}, 20*time.Second, 10*time.Millisecond)
+			code, out, errOut = runCmd(append([]string{"inspect", "jobs/a"}, flags...)...)
+			cancel()
+			require.ErrorIs(t, <-waited, context.Canceled)
+			require.Equal(t, 0, code, errOut)
+			t.Logf("tenace inspect:\n%s", out)
+			require.Contains(t, out, "key jobs/a")
+			require.Contains(t, out, "api-7f9c (nightly)")
+			require.Contains(t, out, "exclusive")
+			require.Contains(t, out, "1 waiting")
+
+			code, out, errOut = runCmd(append(append([]string{"inspect"}, flags...), "--json", "free")...)
+			require.Equal(t, 0, code, errOut)
+			var free jsonKeyInfo
+			require.NoError(t, json.Unmarshal([]byte(out), &free))
+			require.Equal(t, "free", free.Key)
+			require.Empty(t, free.Holders)
+
+			code, out, _ = runCmd(append([]string{"locks", "--prefix", "none/"}, flags...)...)
+			require.Equal(t, 0, code)
+			require.Equal(t, "no key is held\n", out)
+		})
+	}
+}
+
+// A server that refuses connections is a clear error and status 1, within
+// a few seconds, never an empty listing.
+func TestUnreachableServer(t *testing.T) {
+	for _, e := range engines {
+		t.Run(e.name, func(t *testing.T) {
+			for _, cmd := range [][]string{{"locks"}, {"inspect", "k"}} {
+				start := time.Now()
+				code, out, errOut := runCmd(append(cmd, append(e.down(t), "--timeout", "3s")...)...)
+				took := time.Since(start)
+				t.Logf("%s on a dead %s: status %d after %v: %s", cmd[0], e.name, code, took.Round(time.Millisecond), errOut)
+				require.Equal(t, 1, code)
+				require.Empty(t, out)
+				require.Contains(t, errOut, "tenace "+cmd[0]+": ")
+				require.Contains(t, errOut, "refused")
+				require.Less(t, took, 4*time.Second)
+			}
+		})
+	}
+}
+
+// A silent server is an error within --timeout.
+func TestSilentServer(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Pause()
+	defer srv.Resume()
+	// SIGSTOP takes effect when the kernel next schedules the server: wait
+	// until a command of another client goes unanswered.
+	probe := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	defer probe.Close()
+	require.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(bg, 100*time.Millisecond)
+		defer cancel()
+		return probe.Ping(ctx).Err() != nil
+	}, 10*time.Second, time.Millisecond)
+	start := time.Now()
+	code, _, errOut := runCmd("locks", "--redis", srv.Addr, "--timeout", "300ms")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "no answer within --timeout 300ms")
+	require.Less(t, time.Since(start), 3*time.Second)
+}
+
+// Misuse is status 2 with a word on what is wrong.
+func TestUsage(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		says string
+	}{
+		{nil, "usage:"},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
+		{[]string{"locks"}, "give one server"},
+		{[]string{"locks", "--redis", "a", "--etcd", "b"}, "give one server"},
+		{[]string{"inspect", "--redis", "a"}, "which key?"},
+		{[]string{"locks", "--redis", "a", "extra"}, "unexpected arguments"},
+		{[]string{"locks", "--bogus"}, "flag provided but not defined"},
+	} {
+		code, _, errOut := runCmd(c.args...)
+		require.Equal(t, 2, code, "%q", c.args)
+		require.Contains(t, errOut, c.says, "%q", c.args)
+	}
+	code, _, errOut := runCmd("--help")
+	require.Equal(t, 0, code)
+	require.Contains(t, errOut, "usage:")
+}
+
+// showKey leaves plain keys as they are and quotes the rest.
+func TestShowKey(t *testing.T) {
+	for in, want := range map[string]string{
+		"jobs/a":   "jobs/a",
+		"héllo":    "héllo",
+		"a b":      `"a b"`,
+		"\xff":     `"\xff"`,
+		"\x1b[31m": `"\x1b[31m"`,
+		"":         `""`,
+	} {
+		require.Equal(t, want, showKey(in))
+	}
+}
