@@ -7,6 +7,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +24,7 @@ import (
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/etcdlock"
 	"tenace.dev/tenace/failsafelock"
+	"tenace.dev/tenace/lockhttp"
 	"tenace.dev/tenace/locktest"
 	"tenace.dev/tenace/oteltenace"
 	"tenace.dev/tenace/pglock"
@@ -131,5 +135,33 @@ func TestDistributedProvidersFromOutside(t *testing.T) {
 	lease, err := el.Acquire(ctx, "k", tenace.LockAcquireOptions{Timeout: time.Second})
 	if err == nil {
 		t.Fatalf("etcdlock on a closed port: lease %v, want an error", lease)
+	}
+}
+
+// The debug page, from its own module: a held key of the memory provider is
+// listed, with its owner, in the page's JSON.
+func TestTheLockPageFromOutside(t *testing.T) {
+	ctx := context.Background()
+	locks := tenace.NewMemoryLockProvider(tenace.WithOwner("adopter"))
+	defer locks.Close()
+	lease, err := locks.Acquire(ctx, "report/7", tenace.LockAcquireOptions{})
+	if err != nil || lease == nil {
+		t.Fatalf("Acquire: %v, %v", lease, err)
+	}
+	defer lease.Release(ctx)
+
+	srv := httptest.NewServer(lockhttp.Handler(locks))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "report/7") || !strings.Contains(string(body), "adopter") {
+		t.Fatalf("GET /json: %d %s; want the held key and its owner", resp.StatusCode, body)
 	}
 }

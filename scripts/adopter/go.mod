@@ -12,6 +12,7 @@ require (
 	tenace.dev v0.1.0
 	tenace.dev/tenace/etcdlock v0.1.0
 	tenace.dev/tenace/failsafelock v0.1.0
+	tenace.dev/tenace/lockhttp v0.1.0
 	tenace.dev/tenace/oteltenace v0.1.0
 	tenace.dev/tenace/pglock v0.1.0
 	tenace.dev/tenace/redislock v0.1.0
