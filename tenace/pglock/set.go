@@ -29,7 +29,10 @@ var _ tenace.MultiLockProvider = (*Provider)(nil)
 // for Acquire); ErrNoReply when it did not answer in time. Whenever it
 // returns no lease, the keys locked so far are unlocked first (or their
 // session ended, which frees them; for ErrNoReply, once the server answers
-// again).
+// again). When PostgreSQL's deadlock detector fails the set's wait to break
+// a cycle of sessions (SQLSTATE 40P01), it returns a *tenace.DeadlockError,
+// once the keys locked so far are unlocked (see the package doc,
+// Deadlocks).
 //
 // The lease's keys are in sorted order, each with its own fencing token,
 // incremented as its lock was taken. The set is one session: when its
