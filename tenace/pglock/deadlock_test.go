@@ -1,6 +1,7 @@
 package pglock_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -49,10 +50,16 @@ func lockKey(c *pgx.Conn, p *pglock.Provider, key string) error {
 // server's deadlock detector fails the set's wait, and AcquireSet returns a
 // *tenace.DeadlockError naming the keys this process knows, within
 // deadlock_timeout and 1 s; it has unlocked its first key by then, so the
-// other sessions go on, and its connection takes the set again.
+// other sessions go on, and its connection takes the set again. Through a
+// Lock with Keys, the error is the Lock's, with event lock.deadlock, and fn
+// does not run.
 func TestSetDeadlockAcrossSessions(t *testing.T) {
-	for _, n := range []int{2, 3} {
-		t.Run(fmt.Sprintf("%d sessions", n), func(t *testing.T) {
+	for _, tc := range []struct {
+		n       int
+		viaLock bool
+	}{{2, false}, {3, false}, {2, true}} {
+		n := tc.n
+		t.Run(fmt.Sprintf("%d sessions, Lock %v", n, tc.viaLock), func(t *testing.T) {
 			srv := server(t)
 			const deadlockTimeout = 2 * time.Second
 			p := withDeadlockTimeout(t, srv, deadlockTimeout)
@@ -67,9 +74,18 @@ func TestSetDeadlockAcrossSessions(t *testing.T) {
 			}
 			start := time.Now()
 			set := make(chan result, 1)
+			var events []string // written by the set's goroutine, read after it sent
+			ran := false
 			go func() {
-				l, err := p.AcquireSet(bg, keys[:2], tenace.LockAcquireOptions{Timeout: 15 * time.Second})
-				set <- result{l, err}
+				if !tc.viaLock {
+					l, err := p.AcquireSet(bg, keys[:2], tenace.LockAcquireOptions{Timeout: 15 * time.Second})
+					set <- result{l, err}
+					return
+				}
+				err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Keys: keys[:2], Timeout: 15 * time.Second}).
+					OnEvent(func(e tenace.Event) { events = append(events, e.Name) }).
+					Execute(bg, func(context.Context) error { ran = true; return nil })
+				set <- result{nil, err}
 			}()
 			waitForWaiters(t, srv, keys[1], 1) // the set holds keys[0] and waits for keys[1]
 			// Session i (holding keys[i]) waits for keys[i+1]; the last
@@ -89,6 +105,10 @@ func TestSetDeadlockAcrossSessions(t *testing.T) {
 			require.Equal(t, keys[1], d.Key)
 			require.Equal(t, []string{keys[1], keys[0]}, d.Cycle)
 			require.Less(t, elapsed, deadlockTimeout+time.Second, "the server's verdict took %v", elapsed)
+			if tc.viaLock {
+				require.False(t, ran, "fn ran")
+				require.Contains(t, events, tenace.EventLockDeadlock)
+			}
 			// The others go on: the last gets keys[0], then, releasing
 			// everything, the one before it, and so on.
 			for i := n - 1; i >= 1; i-- {
