@@ -112,7 +112,12 @@ func TestSetDeadlockAcrossSessions(t *testing.T) {
 			// The others go on: the last gets keys[0], then, releasing
 			// everything, the one before it, and so on.
 			for i := n - 1; i >= 1; i-- {
-				require.NoError(t, <-went)
+				select {
+				case err := <-went:
+					require.NoError(t, err)
+				case <-time.After(15 * time.Second):
+					t.Fatalf("the sessions of the cycle did not go on: %s", locks(t, srv, keys[0]))
+				}
 				_, err := others[i].Exec(bg, `SELECT pg_advisory_unlock_all()`)
 				require.NoError(t, err)
 			}
