@@ -509,6 +509,9 @@ func (c *call) conclude(conn *pgxpool.Conn, got []setGrant, d decision) (tenace.
 	case outHeld, outAbandoned:
 		c.giveBack(conn, got)
 		return nil, false, nil
+	case outDeadlock:
+		c.giveBack(conn, got)
+		return nil, false, deadlocked(c.keys[len(got)], got)
 	case outBroken:
 		if !d.unlock {
 			c.giveBack(conn, got)
@@ -613,6 +616,15 @@ const sqlstateLockTimeout = "55P03"
 func isLockTimeout(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == sqlstateLockTimeout
+}
+
+// sqlstateDeadlock is the SQLSTATE of a statement whose wait the server's
+// deadlock detector failed to break a cycle (deadlock_detected).
+const sqlstateDeadlock = "40P01"
+
+func isDeadlock(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == sqlstateDeadlock
 }
 
 // answered reports whether err, from a statement cut short, is the

@@ -269,6 +269,31 @@
 // caller that holds a key while it asks for another in its own order can,
 // as between any two such callers: bound those waits with a Timeout.
 //
+// # Deadlocks
+//
+// PostgreSQL's deadlock detector covers advisory locks: deadlock_timeout
+// (1 s by default; a session's setting, which a superuser sets with SET,
+// ALTER ROLE or the connection string's options='-c deadlock_timeout=500')
+// after a session began to wait, the server looks for a cycle of sessions
+// that wait for each other, and fails a wait of it with SQLSTATE 40P01. It
+// sees sessions, not executions. A set's session holds its keys so far
+// while it waits for the next: when the server fails that wait, AcquireSet
+// unlocks the set's keys and returns a *tenace.DeadlockError (through a
+// Lock with Keys, event lock.deadlock) whose Key is the key it waited for
+// and whose Cycle is that key, then the keys the set's session held — the
+// cycle's other keys are other sessions', which this process does not
+// know. The other sessions of the cycle go on. A chain of waits is no
+// cycle and is never reported. Sets of every process take keys in sorted
+// order, so a set meets such a cycle only with sessions that take the
+// provider's locks in another order (SQL of their own on its lock ids).
+//
+// A lease of one key pins a connection of its own, and a nested Lock (an
+// execution that holds a key of the provider and asks for another) waits
+// on another connection: to the server those are two sessions, neither of
+// which both holds and waits, so a cycle of nested Locks across processes
+// is not seen, and ends only at a Timeout. Bound such waits with a
+// Timeout, or take the keys as one set.
+//
 // # Shared locks and permits
 //
 // Provider is a tenace.SharedLockProvider: LockAcquireOptions.Shared and

@@ -29,7 +29,10 @@ var _ tenace.MultiLockProvider = (*Provider)(nil)
 // for Acquire); ErrNoReply when it did not answer in time. Whenever it
 // returns no lease, the keys locked so far are unlocked first (or their
 // session ended, which frees them; for ErrNoReply, once the server answers
-// again).
+// again). When PostgreSQL's deadlock detector fails the set's wait to break
+// a cycle of sessions (SQLSTATE 40P01), it returns a *tenace.DeadlockError,
+// once the keys locked so far are unlocked (see the package doc,
+// Deadlocks).
 //
 // The lease's keys are in sorted order, each with its own fencing token,
 // incremented as its lock was taken. The set is one session: when its
@@ -125,6 +128,18 @@ type fencedSetKey struct{ setKey }
 
 // Token is the key's fencing token, as a single grant's (see lease.Token).
 func (k fencedSetKey) Token() uint64 { return k.token }
+
+// deadlocked is the error of a set whose wait for key, with the keys of
+// got held, the server failed to break a cycle of sessions: Cycle names
+// the keys this process knows of it, key first, then those its session
+// held (the others of the cycle are other sessions' keys).
+func deadlocked(key string, got []setGrant) *tenace.DeadlockError {
+	cycle := []string{key}
+	for _, g := range got {
+		cycle = append(cycle, g.key)
+	}
+	return &tenace.DeadlockError{Key: key, Cycle: cycle}
+}
 
 // giveBack returns conn to the pool after a call that got no lease and saw
 // no cancel, when its session holds nothing but the keys got of a set: it

@@ -82,6 +82,7 @@ const (
 	outFailed    // a statement failed: discard, and say why (err, or the precedence's)
 	outBroken    // the table of keys is broken (a row deleted): err, nothing held
 	outAbandoned // Acquire left: nothing more is asked
+	outDeadlock  // the server failed the wait to break a cycle (40P01): give back, *tenace.DeadlockError
 )
 
 // decision is step's answer.
@@ -147,6 +148,14 @@ func stepLock(a attempt, r reply) decision {
 	switch {
 	case isLockTimeout(r.err):
 		return stepLockTimeout(a, r)
+	case isDeadlock(r.err) && !r.cut && a.got > 0:
+		// The server's deadlock detector failed this wait to break a
+		// cycle of sessions: a set's session holds its keys so far and
+		// waited for the next. The statement took nothing (the wait was
+		// aborted), and the session is fit for the pool once it unlocked
+		// what it holds, before the caller hears the verdict, so that the
+		// other sessions of the cycle go on.
+		return decision{next: outDeadlock}
 	case r.err != nil:
 		// Unknown outcome: the statement may have taken the lock before
 		// it failed or was cancelled. Release whatever the session holds,

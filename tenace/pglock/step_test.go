@@ -12,6 +12,7 @@ import (
 // the server's reply, with no server.
 func TestStep(t *testing.T) {
 	lockTimeout := &pgconn.PgError{Code: sqlstateLockTimeout}
+	deadlock := &pgconn.PgError{Code: sqlstateDeadlock}
 	failed := &pgconn.PgError{Code: "XX000"}
 	silent := errors.New("read: i/o timeout") // not the server's answer
 	one := attempt{key: "k", table: "t", fencing: true}
@@ -86,6 +87,10 @@ func TestStep(t *testing.T) {
 		{"verdict, cut short", bounded, reply{stmt: stmtLock, err: lockTimeout, cut: true}, decision{next: outCutShort}},
 		{"verdict for a bulkhead", permit, reply{stmt: stmtLock, err: lockTimeout}, decision{next: outHeld}},
 		{"verdict for a bulkhead, a step", permitStepped, reply{stmt: stmtLock, err: lockTimeout}, decision{next: doRestart}},
+		// The server's deadlock detector.
+		{"a set's wait in a cycle", setSecond, reply{stmt: stmtLock, err: deadlock}, decision{next: outDeadlock}},
+		{"a set's wait in a cycle, cut short", setSecond, reply{stmt: stmtLock, err: deadlock, cut: true}, decision{next: outFailed, unlock: true, answered: true}},
+		{"a wait in a cycle, holding nothing", one, reply{stmt: stmtLock, err: deadlock}, decision{next: outFailed, unlock: true, answered: true}},
 		// The statements that follow.
 		{"registered", one, reply{stmt: stmtRegister}, decision{next: doLock}},
 		{"registered, cut short", one, reply{stmt: stmtRegister, cut: true}, decision{next: outFailed, answered: true}},
