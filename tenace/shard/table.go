@@ -929,86 +929,130 @@ func (t *Table[T]) CheckInvariants() error { return t.checkInvariants(true) }
 
 // checkInvariants is CheckInvariants; with quiescent false it skips what a
 // concurrent release by CAS may change mid-walk (a held word becoming free,
-// the held count), for the shard's verify build.
+// the held count), for the shard's verify build. It checks each entry, then
+// the listing of entries, then the table's counts against the entries'.
 func (t *Table[T]) checkInvariants(quiescent bool) error {
 	var errs []error
-	waiting, heldKeys, longest := 0, 0, 0
-	sharedKeys, sharedHolders, sharedWaiting := 0, 0, 0
-	byLen := make([]int, len(t.byLen))
+	c := invariantCounts{byLen: make([]int, len(t.byLen))}
 	for key, e := range t.entries {
-		s := e.state.Load()
-		if e.key != key {
-			errs = append(errs, fmt.Errorf("invariant 1: key %q has the entry of %q", key, e.key))
-		}
-		if s == stDead {
-			errs = append(errs, fmt.Errorf("invariant 1: key %q has a dead entry", key))
-			continue
-		}
-		if s != stFree {
-			heldKeys++
-		}
-		if s == stFree && e.head != nil {
-			errs = append(errs, fmt.Errorf("invariant 3: key %q is free with waiters", key))
-		}
-		if e.head != nil && !isContended(s) {
-			errs = append(errs, fmt.Errorf("invariant 3: key %q has waiters but is not contended", key))
-		}
-		prevTok, n := tokenOfWord(s), 0
-		if s == stShared {
-			prevTok = 0
-			sharedKeys++
-			sharedHolders += int(e.shared)
-			if e.shared < 1 || (e.permits > 0 && e.shared > e.permits) || e.permits < 0 {
-				errs = append(errs, fmt.Errorf("invariant 5: key %q has %d shared holders of %d permits", key, e.shared, e.permits))
-			}
-			if w := e.head; w != nil && admits(e, s, w) {
-				errs = append(errs, fmt.Errorf("invariant 5: key %q keeps waiter %d that it admits", key, w.token))
-			}
-			if len(e.readers) != int(e.shared) || !slices.IsSortedFunc(e.readers, func(a, b mark) int { return cmp.Compare(a.token, b.token) }) {
-				errs = append(errs, fmt.Errorf("invariant 5: key %q has %d shared holders and %d marks of them", key, e.shared, len(e.readers)))
-			}
-		} else if e.shared != 0 || len(e.readers) != 0 {
-			errs = append(errs, fmt.Errorf("invariant 5: key %q counts %d shared holders but is not held shared", key, e.shared))
-		}
-		if tokenOfWord(s) > t.last && s != stShared {
-			errs = append(errs, fmt.Errorf("invariant 3: key %q holder token %d > last token %d", key, tokenOfWord(s), t.last))
-		}
-		var prev *Waiter[T]
-		for w := e.head; w != nil; w = w.next {
-			n++
-			if w.shared {
-				sharedWaiting++
-			}
-			if w.state != Queued {
-				errs = append(errs, fmt.Errorf("invariant 4: key %q waiter %d is %v in the queue", key, w.token, w.state))
-			}
-			if w.lock != e {
-				errs = append(errs, fmt.Errorf("invariant 4: waiter %d queued under key %q has another key's entry", w.token, key))
-			}
-			if w.prev != prev {
-				errs = append(errs, fmt.Errorf("invariant 4: key %q waiter %d has a wrong prev link", key, w.token))
-			}
-			if w.token <= prevTok || w.token > t.last {
-				errs = append(errs, fmt.Errorf("invariant 3: key %q token %d after %d", key, w.token, prevTok))
-			}
-			prevTok, prev = w.token, w
-			if n > e.waiting+1 {
-				errs = append(errs, fmt.Errorf("invariant 4: key %q queue is longer than its count %d", key, e.waiting))
-				break
-			}
-		}
-		if e.tail != prev {
-			errs = append(errs, fmt.Errorf("invariant 4: key %q tail is not the last waiter", key))
-		}
-		if n != e.waiting {
-			errs = append(errs, fmt.Errorf("invariant 4: key %q counts %d waiters, queue has %d", key, e.waiting, n))
-		}
-		if n > 0 && n < len(byLen) {
-			byLen[n]++
-		}
-		waiting += n
-		longest = max(longest, n)
+		errs = append(errs, t.checkEntry(key, e, &c)...)
 	}
+	errs = append(errs, t.checkListing(quiescent)...)
+	errs = append(errs, t.checkCounts(&c, quiescent)...)
+	return errors.Join(errs...)
+}
+
+// invariantCounts is what checkInvariants counts over the entries, to compare
+// with the table's own counts.
+type invariantCounts struct {
+	waiting, heldKeys, longest               int
+	sharedKeys, sharedHolders, sharedWaiting int
+	byLen                                    []int
+}
+
+// checkEntry checks the entry of key (invariants 1, 3, 4 and 5) and adds it
+// to c.
+func (t *Table[T]) checkEntry(key string, e *entry[T], c *invariantCounts) []error {
+	var errs []error
+	s := e.state.Load()
+	if e.key != key {
+		errs = append(errs, fmt.Errorf("invariant 1: key %q has the entry of %q", key, e.key))
+	}
+	if s == stDead {
+		return append(errs, fmt.Errorf("invariant 1: key %q has a dead entry", key))
+	}
+	if s != stFree {
+		c.heldKeys++
+	}
+	if s == stFree && e.head != nil {
+		errs = append(errs, fmt.Errorf("invariant 3: key %q is free with waiters", key))
+	}
+	if e.head != nil && !isContended(s) {
+		errs = append(errs, fmt.Errorf("invariant 3: key %q has waiters but is not contended", key))
+	}
+	errs = append(errs, checkShared(key, e, s, c)...)
+	if tokenOfWord(s) > t.last && s != stShared {
+		errs = append(errs, fmt.Errorf("invariant 3: key %q holder token %d > last token %d", key, tokenOfWord(s), t.last))
+	}
+	n, qerrs := t.checkQueue(key, e, s, c)
+	errs = append(errs, qerrs...)
+	if n > 0 && n < len(c.byLen) {
+		c.byLen[n]++
+	}
+	c.waiting += n
+	c.longest = max(c.longest, n)
+	return errs
+}
+
+// checkShared checks invariant 5 on the entry of key, whose word is s, and
+// counts it in c if it is held shared.
+func checkShared[T any](key string, e *entry[T], s uint64, c *invariantCounts) []error {
+	if s != stShared {
+		if e.shared != 0 || len(e.readers) != 0 {
+			return []error{fmt.Errorf("invariant 5: key %q counts %d shared holders but is not held shared", key, e.shared)}
+		}
+		return nil
+	}
+	var errs []error
+	c.sharedKeys++
+	c.sharedHolders += int(e.shared)
+	if e.shared < 1 || (e.permits > 0 && e.shared > e.permits) || e.permits < 0 {
+		errs = append(errs, fmt.Errorf("invariant 5: key %q has %d shared holders of %d permits", key, e.shared, e.permits))
+	}
+	if w := e.head; w != nil && admits(e, s, w) {
+		errs = append(errs, fmt.Errorf("invariant 5: key %q keeps waiter %d that it admits", key, w.token))
+	}
+	if len(e.readers) != int(e.shared) || !slices.IsSortedFunc(e.readers, func(a, b mark) int { return cmp.Compare(a.token, b.token) }) {
+		errs = append(errs, fmt.Errorf("invariant 5: key %q has %d shared holders and %d marks of them", key, e.shared, len(e.readers)))
+	}
+	return errs
+}
+
+// checkQueue checks the queue of key's entry, whose word is s (invariants 3
+// and 4), counts its shared waiters in c, and returns its length.
+func (t *Table[T]) checkQueue(key string, e *entry[T], s uint64, c *invariantCounts) (int, []error) {
+	var errs []error
+	prevTok, n := tokenOfWord(s), 0
+	if s == stShared {
+		prevTok = 0
+	}
+	var prev *Waiter[T]
+	for w := e.head; w != nil; w = w.next {
+		n++
+		if w.shared {
+			c.sharedWaiting++
+		}
+		if w.state != Queued {
+			errs = append(errs, fmt.Errorf("invariant 4: key %q waiter %d is %v in the queue", key, w.token, w.state))
+		}
+		if w.lock != e {
+			errs = append(errs, fmt.Errorf("invariant 4: waiter %d queued under key %q has another key's entry", w.token, key))
+		}
+		if w.prev != prev {
+			errs = append(errs, fmt.Errorf("invariant 4: key %q waiter %d has a wrong prev link", key, w.token))
+		}
+		if w.token <= prevTok || w.token > t.last {
+			errs = append(errs, fmt.Errorf("invariant 3: key %q token %d after %d", key, w.token, prevTok))
+		}
+		prevTok, prev = w.token, w
+		if n > e.waiting+1 {
+			errs = append(errs, fmt.Errorf("invariant 4: key %q queue is longer than its count %d", key, e.waiting))
+			break
+		}
+	}
+	if e.tail != prev {
+		errs = append(errs, fmt.Errorf("invariant 4: key %q tail is not the last waiter", key))
+	}
+	if n != e.waiting {
+		errs = append(errs, fmt.Errorf("invariant 4: key %q counts %d waiters, queue has %d", key, e.waiting, n))
+	}
+	return n, errs
+}
+
+// checkListing checks invariant 1 on the list of entries: the map's entries,
+// each at its index, all published (when quiescent).
+func (t *Table[T]) checkListing(quiescent bool) []error {
+	var errs []error
 	if len(t.all) != len(t.entries) {
 		errs = append(errs, fmt.Errorf("invariant 1: %d entries listed, %d in the map", len(t.all), len(t.entries)))
 	}
@@ -1021,18 +1065,25 @@ func (t *Table[T]) checkInvariants(quiescent bool) error {
 	if quiescent && t.mapped.Load() != int64(len(t.all)) {
 		errs = append(errs, fmt.Errorf("invariant 1: %d entries published, %d listed", t.mapped.Load(), len(t.all)))
 	}
-	if waiting != t.waiting {
-		errs = append(errs, fmt.Errorf("invariant 4: table counts %d waiters, queues hold %d", t.waiting, waiting))
+	return errs
+}
+
+// checkCounts checks the table's counts against c, counted over the entries
+// (invariants 1, 4 and 6; the held count only when quiescent).
+func (t *Table[T]) checkCounts(c *invariantCounts, quiescent bool) []error {
+	var errs []error
+	if c.waiting != t.waiting {
+		errs = append(errs, fmt.Errorf("invariant 4: table counts %d waiters, queues hold %d", t.waiting, c.waiting))
 	}
-	if sharedKeys != t.sharedKeys || sharedHolders != t.sharedHolders || sharedWaiting != t.sharedWaiting {
+	if c.sharedKeys != t.sharedKeys || c.sharedHolders != t.sharedHolders || c.sharedWaiting != t.sharedWaiting {
 		errs = append(errs, fmt.Errorf("invariant 6: table counts %d keys held shared by %d holders and %d shared waiters, entries hold %d, %d and %d",
-			t.sharedKeys, t.sharedHolders, t.sharedWaiting, sharedKeys, sharedHolders, sharedWaiting))
+			t.sharedKeys, t.sharedHolders, t.sharedWaiting, c.sharedKeys, c.sharedHolders, c.sharedWaiting))
 	}
-	if longest != t.longest || !slices.Equal(byLen, t.byLen) {
-		errs = append(errs, fmt.Errorf("invariant 4: longest queue %d (by length %v), counted %d (%v)", t.longest, t.byLen, longest, byLen))
+	if c.longest != t.longest || !slices.Equal(c.byLen, t.byLen) {
+		errs = append(errs, fmt.Errorf("invariant 4: longest queue %d (by length %v), counted %d (%v)", t.longest, t.byLen, c.longest, c.byLen))
 	}
-	if quiescent && int64(heldKeys) != t.held.Load() {
-		errs = append(errs, fmt.Errorf("invariant 1: %d keys held, Len says %d", heldKeys, t.held.Load()))
+	if quiescent && int64(c.heldKeys) != t.held.Load() {
+		errs = append(errs, fmt.Errorf("invariant 1: %d keys held, Len says %d", c.heldKeys, t.held.Load()))
 	}
-	return errors.Join(errs...)
+	return errs
 }

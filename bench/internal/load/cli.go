@@ -122,6 +122,42 @@ type config struct {
 	addrs      map[string]string // family → address given on the command line
 }
 
+// flags are parse's flag values, before they are checked.
+type flags struct {
+	providers, impl, scenario, goroutines *string
+	keys, busy, shards                    *int
+	hold, duration                        *time.Duration
+	out                                   *string
+	quiet, otel                           *bool
+	addrs                                 map[string]*string // family → its address flag
+}
+
+// defineFlags defines the tool's flags on fs; famNames are the registered
+// families' names, for the help.
+func defineFlags(fs *flag.FlagSet, famNames []string) flags {
+	fl := flags{
+		providers:  fs.String("providers", "memory", "provider families, comma-separated: "+strings.Join(famNames, ", ")+"; a distributed one with no address starts a throwaway server"),
+		impl:       fs.String("impl", "", "implementations, comma-separated (default: every implementation of the families; for memory "+strings.Join(defaultImpls, ",")+"): "+strings.Join(implNames(families), ", ")),
+		scenario:   fs.String("scenario", "", "scenarios, comma-separated (default: the family's; memory "+strings.Join(defaultScenarios, ",")+"): "+strings.Join(scenarios, ", ")),
+		goroutines: fs.String("goroutines", "", "goroutine counts, comma-separated (default: the family's; memory 1,16,256)"),
+		keys:       fs.Int("keys", 0, "keys per goroutine for distinct (default 16), keys in all for zipf (default 10000)"),
+		hold:       fs.Duration("hold", 0, "time spent inside the critical section"),
+		busy:       fs.Int("busy", 0, "goroutines that burn CPU beside the lockers throughout every cell: what a lock that yields its P or spins costs when the process has other work"),
+		duration:   fs.Duration("duration", 1500*time.Millisecond, "how long each cell runs"),
+		shards:     fs.Int("shards", 0, "shards of the tenace provider (0: its default, GOMAXPROCS)"),
+		out:        fs.String("out", DefaultOut, "directory to write results.md, results.json and chart.svg into (\"\": none)"),
+		quiet:      fs.Bool("quiet", false, "no live progress line"),
+		otel:       fs.Bool("otel", false, "also run "+otelImpl+" (the pipeline with tenace/oteltenace's listener) and print the OpenTelemetry metrics it recorded; without -impl, runs pipeline and "+otelImpl+" (go run ./bench/all)"),
+		addrs:      map[string]*string{},
+	}
+	for _, f := range families {
+		if f.AddrFlag != "" {
+			fl.addrs[f.Name] = fs.String(f.AddrFlag, "", f.AddrUsage)
+		}
+	}
+	return fl
+}
+
 func parse(args []string, stderr io.Writer) (config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -129,24 +165,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	for _, f := range families {
 		famNames = append(famNames, f.Name)
 	}
-	providers := fs.String("providers", "memory", "provider families, comma-separated: "+strings.Join(famNames, ", ")+"; a distributed one with no address starts a throwaway server")
-	impl := fs.String("impl", "", "implementations, comma-separated (default: every implementation of the families; for memory "+strings.Join(defaultImpls, ",")+"): "+strings.Join(implNames(families), ", "))
-	scenario := fs.String("scenario", "", "scenarios, comma-separated (default: the family's; memory "+strings.Join(defaultScenarios, ",")+"): "+strings.Join(scenarios, ", "))
-	gs := fs.String("goroutines", "", "goroutine counts, comma-separated (default: the family's; memory 1,16,256)")
-	keys := fs.Int("keys", 0, "keys per goroutine for distinct (default 16), keys in all for zipf (default 10000)")
-	hold := fs.Duration("hold", 0, "time spent inside the critical section")
-	busy := fs.Int("busy", 0, "goroutines that burn CPU beside the lockers throughout every cell: what a lock that yields its P or spins costs when the process has other work")
-	duration := fs.Duration("duration", 1500*time.Millisecond, "how long each cell runs")
-	shards := fs.Int("shards", 0, "shards of the tenace provider (0: its default, GOMAXPROCS)")
-	out := fs.String("out", DefaultOut, "directory to write results.md, results.json and chart.svg into (\"\": none)")
-	quiet := fs.Bool("quiet", false, "no live progress line")
-	withOtel := fs.Bool("otel", false, "also run "+otelImpl+" (the pipeline with tenace/oteltenace's listener) and print the OpenTelemetry metrics it recorded; without -impl, runs pipeline and "+otelImpl+" (go run ./bench/all)")
-	addrs := map[string]*string{}
-	for _, f := range families {
-		if f.AddrFlag != "" {
-			addrs[f.Name] = fs.String(f.AddrFlag, "", f.AddrUsage)
-		}
-	}
+	fl := defineFlags(fs, famNames)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: go run ./bench [flags]   (go run ./bench/all [flags]: also redis, postgres, -otel)\n\nRuns keyed locks through contention scenarios and prints a table.\n\n")
 		fs.PrintDefaults()
@@ -154,77 +173,127 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
-	bad := func(format string, a ...any) (config, error) {
-		err := fmt.Errorf(format, a...)
+	c, err := fl.config(fs, famNames)
+	if err != nil {
 		fmt.Fprintf(stderr, "bench: %v\n\n", err)
 		fs.Usage()
 		return config{}, err
 	}
+	return c, nil
+}
+
+// config checks the parsed flags, in the order their errors are reported,
+// and returns the run they describe.
+func (fl flags) config(fs *flag.FlagSet, famNames []string) (config, error) {
 	if fs.NArg() > 0 {
-		return bad("unexpected argument %q: every setting is a flag", fs.Arg(0))
+		return config{}, fmt.Errorf("unexpected argument %q: every setting is a flag", fs.Arg(0))
 	}
-	c := config{keys: *keys, hold: *hold, busy: *busy, duration: *duration, shards: *shards, out: *out, quiet: *quiet, addrs: map[string]string{}}
-	for _, name := range split(*providers) {
+	c := config{keys: *fl.keys, hold: *fl.hold, busy: *fl.busy, duration: *fl.duration, shards: *fl.shards, out: *fl.out, quiet: *fl.quiet}
+	var err error
+	if c.families, err = parseProviders(*fl.providers, famNames); err != nil {
+		return config{}, err
+	}
+	if c.addrs, err = parseAddrs(fl.addrs, c.families); err != nil {
+		return config{}, err
+	}
+	impl := *fl.impl
+	if *fl.otel {
+		if impl, err = withOtel(impl, isSet(fs, "impl"), c.families); err != nil {
+			return config{}, err
+		}
+	}
+	if c.impls, err = parseImpls(impl, c.families); err != nil {
+		return config{}, err
+	}
+	if c.scenarios, err = parseScenarios(*fl.scenario, c.families); err != nil {
+		return config{}, err
+	}
+	if c.goroutines, err = parseGoroutines(*fl.goroutines, c.families); err != nil {
+		return config{}, err
+	}
+	return c, c.check()
+}
+
+// parseProviders is the families -providers names.
+func parseProviders(providers string, famNames []string) ([]*Family, error) {
+	var fams []*Family
+	for _, name := range split(providers) {
 		f := family(name)
 		switch {
 		case f == nil && slices.Contains(elsewhere, name) && len(families) > 1:
-			return bad("-providers %s: no %s family is registered in this tool yet", name, name)
+			return nil, fmt.Errorf("-providers %s: no %s family is registered in this tool yet", name, name)
 		case f == nil && slices.Contains(elsewhere, name):
-			return bad("-providers %s: the distributed providers are in a command of their own, so that this one compiles in seconds: go run ./bench/all -providers %s", name, *providers)
+			return nil, fmt.Errorf("-providers %s: the distributed providers are in a command of their own, so that this one compiles in seconds: go run ./bench/all -providers %s", name, providers)
 		case f == nil:
-			return bad("-providers: unknown provider %q (known: %s)", name, strings.Join(famNames, ", "))
-		case slices.Contains(c.families, f):
-			return bad("-providers: %s named twice", name)
+			return nil, fmt.Errorf("-providers: unknown provider %q (known: %s)", name, strings.Join(famNames, ", "))
+		case slices.Contains(fams, f):
+			return nil, fmt.Errorf("-providers: %s named twice", name)
 		}
-		c.families = append(c.families, f)
+		fams = append(fams, f)
 	}
-	if len(c.families) == 0 {
-		return bad("-providers needs at least one value")
+	if len(fams) == 0 {
+		return nil, fmt.Errorf("-providers needs at least one value")
 	}
+	return fams, nil
+}
+
+// parseAddrs is the server addresses given by the families' address flags,
+// each of a family in fams.
+func parseAddrs(addrs map[string]*string, fams []*Family) (map[string]string, error) {
+	out := map[string]string{}
 	for name, a := range addrs {
 		if *a == "" {
 			continue
 		}
-		if !slices.ContainsFunc(c.families, func(f *Family) bool { return f.Name == name }) {
-			return bad("-%s goes with -providers %s", family(name).AddrFlag, name)
+		if !slices.ContainsFunc(fams, func(f *Family) bool { return f.Name == name }) {
+			return nil, fmt.Errorf("-%s goes with -providers %s", family(name).AddrFlag, name)
 		}
-		c.addrs[name] = *a
+		out[name] = *a
 	}
-	mem := slices.ContainsFunc(c.families, func(f *Family) bool { return f.Name == "memory" })
-	if *withOtel {
-		switch {
-		case family("memory").impl(otelImpl) == nil:
-			return bad("-otel: the OpenTelemetry listener is in go run ./bench/all -otel, so that this command compiles in seconds")
-		case !mem:
-			return bad("-otel goes with -providers memory")
-		case !isSet(fs, "impl"):
-			*impl = "pipeline," + otelImpl
-		case !slices.Contains(split(*impl), otelImpl):
-			*impl += "," + otelImpl
-		}
+	return out, nil
+}
+
+// withOtel is -impl with -otel: pipeline and the OpenTelemetry
+// implementation when -impl is not set, else -impl and that implementation.
+func withOtel(impl string, implSet bool, fams []*Family) (string, error) {
+	mem := slices.ContainsFunc(fams, func(f *Family) bool { return f.Name == "memory" })
+	switch {
+	case family("memory").impl(otelImpl) == nil:
+		return "", fmt.Errorf("-otel: the OpenTelemetry listener is in go run ./bench/all -otel, so that this command compiles in seconds")
+	case !mem:
+		return "", fmt.Errorf("-otel goes with -providers memory")
+	case !implSet:
+		return "pipeline," + otelImpl, nil
+	case !slices.Contains(split(impl), otelImpl):
+		return impl + "," + otelImpl, nil
 	}
-	// Implementations: those named, else each family's defaults.
-	if *impl == "" {
-		for _, f := range c.families {
+	return impl, nil
+}
+
+// parseImpls is the implementations -impl names, else each family's
+// defaults. Rows go family by family, and the base implementation runs
+// first in each, so that every other row can print its ratio to it as soon
+// as it finishes.
+func parseImpls(impl string, fams []*Family) ([]string, error) {
+	var impls []string
+	if impl == "" {
+		for _, f := range fams {
 			if f.Name == "memory" {
-				c.impls = append(c.impls, defaultImpls...)
+				impls = append(impls, defaultImpls...)
 				continue
 			}
 			for _, i := range f.Impls {
-				c.impls = append(c.impls, i.Name)
+				impls = append(impls, i.Name)
 			}
 		}
 	}
-	all := implNames(c.families)
-	for _, n := range split(*impl) {
+	all := implNames(fams)
+	for _, n := range split(impl) {
 		if !slices.Contains(all, n) {
-			return bad("-impl: unknown implementation %q (known: %s)", n, strings.Join(all, ", "))
+			return nil, fmt.Errorf("-impl: unknown implementation %q (known: %s)", n, strings.Join(all, ", "))
 		}
-		c.impls = append(c.impls, n)
+		impls = append(impls, n)
 	}
-	// Rows go family by family, and the base implementation runs first in
-	// each, so that every other row can print its ratio to it as soon as it
-	// finishes.
 	rank := func(impl string) int {
 		r := 2 * slices.Index(families, familyOf(impl))
 		if !isBase(impl) {
@@ -232,43 +301,61 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		}
 		return r
 	}
-	slices.SortStableFunc(c.impls, func(a, b string) int { return rank(a) - rank(b) })
-	if *scenario == "" {
-		*scenario = familyDefault(c.families, func(f *Family) string { return f.Scenarios })
+	slices.SortStableFunc(impls, func(a, b string) int { return rank(a) - rank(b) })
+	return impls, nil
+}
+
+// parseScenarios is the scenarios -scenario names, else the families'.
+func parseScenarios(scenario string, fams []*Family) ([]string, error) {
+	if scenario == "" {
+		scenario = familyDefault(fams, func(f *Family) string { return f.Scenarios })
 	}
-	for _, s := range split(*scenario) {
+	var out []string
+	for _, s := range split(scenario) {
 		if !slices.Contains(scenarios, s) {
-			return bad("-scenario: unknown scenario %q (known: %s)", s, strings.Join(scenarios, ", "))
+			return nil, fmt.Errorf("-scenario: unknown scenario %q (known: %s)", s, strings.Join(scenarios, ", "))
 		}
-		c.scenarios = append(c.scenarios, s)
+		out = append(out, s)
 	}
-	if *gs == "" {
-		*gs = familyDefault(c.families, func(f *Family) string { return f.Goroutines })
+	return out, nil
+}
+
+// parseGoroutines is the goroutine counts -goroutines names, else the
+// families'.
+func parseGoroutines(gs string, fams []*Family) ([]int, error) {
+	if gs == "" {
+		gs = familyDefault(fams, func(f *Family) string { return f.Goroutines })
 	}
-	for _, g := range split(*gs) {
+	var out []int
+	for _, g := range split(gs) {
 		n, err := strconv.Atoi(g)
 		if err != nil || n < 1 {
-			return bad("-goroutines: %q is not a positive whole number", g)
+			return nil, fmt.Errorf("-goroutines: %q is not a positive whole number", g)
 		}
-		c.goroutines = append(c.goroutines, n)
+		out = append(out, n)
 	}
+	return out, nil
+}
+
+// check checks the settings that stand alone or go in pairs.
+func (c config) check() error {
 	switch {
 	case len(c.impls) == 0 || len(c.scenarios) == 0 || len(c.goroutines) == 0:
-		return bad("-impl, -scenario and -goroutines each need at least one value")
+		return fmt.Errorf("-impl, -scenario and -goroutines each need at least one value")
 	case c.keys < 0:
-		return bad("-keys must not be negative, got %d", c.keys)
+		return fmt.Errorf("-keys must not be negative, got %d", c.keys)
 	case c.keys == 1 && slices.Contains(c.scenarios, "zipf"):
-		return bad("-keys 1 leaves zipf nothing to draw from: use hot for a single key")
+		return fmt.Errorf("-keys 1 leaves zipf nothing to draw from: use hot for a single key")
 	case c.hold < 0:
-		return bad("-hold must not be negative, got %v", c.hold)
+		return fmt.Errorf("-hold must not be negative, got %v", c.hold)
 	case c.busy < 0:
-		return bad("-busy must not be negative, got %d", c.busy)
+		return fmt.Errorf("-busy must not be negative, got %d", c.busy)
 	case c.duration <= 0:
-		return bad("-duration must be positive, got %v", c.duration)
+		return fmt.Errorf("-duration must be positive, got %v", c.duration)
 	case c.shards < 0:
-		return bad("-shards must not be negative, got %d", c.shards)
+		return fmt.Errorf("-shards must not be negative, got %d", c.shards)
 	}
-	return c, nil
+	return nil
 }
 
 // familyDefault merges the families' defaults for a list flag (scenarios,
@@ -341,17 +428,7 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return 2
 	}
-	var cells []cell
-	for _, sc := range c.scenarios {
-		for _, g := range c.goroutines {
-			for _, impl := range c.impls {
-				if sc == "cancel" && !takesContext(impl) {
-					continue // takes no context: nothing to cancel
-				}
-				cells = append(cells, cell{Impl: impl, Family: familyOf(impl).Name, Scenario: sc, Goroutines: g, Keys: c.keys, Hold: c.hold, Busy: c.busy, Shards: c.shards, Duration: c.duration})
-			}
-		}
-	}
+	cells := c.cells()
 	if len(cells) == 0 {
 		fmt.Fprintf(stderr, "bench: no cell to run: the cancel scenario runs only for implementations that take a context (not %s)\n", strings.Join(c.impls, ", "))
 		return 2
@@ -360,51 +437,23 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	if !c.quiet {
 		progress = stderr
 	}
-	// The servers the cells need, started before the table: a distributed
-	// family with no address given gets a throwaway server for the run.
-	for _, f := range c.families {
-		if f.Start == nil || c.addrs[f.Name] != "" || !slices.ContainsFunc(cells, func(cl cell) bool { return cl.Family == f.Name }) {
-			continue
+	stops, err := c.startServers(cells, progress)
+	defer func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
 		}
-		if progress != nil {
-			fmt.Fprintf(progress, "starting a throwaway %s server on a free loopback port…\n", f.Name)
-		}
-		addr, stop, err := f.Start()
-		if err != nil {
-			fmt.Fprintf(stderr, "bench: starting a %s server: %v (or give one: -%s)\n", f.Name, err, f.AddrFlag)
-			return 1
-		}
-		defer stop()
-		c.addrs[f.Name] = addr
+	}()
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return 1
 	}
 	for i := range cells {
 		cells[i].Addr = c.addrs[cells[i].Family]
 	}
-	busyNote := ""
-	if c.busy > 0 {
-		busyNote = fmt.Sprintf(", beside %d goroutines burning CPU", c.busy)
-	}
-	fmt.Fprintf(stdout, "tenace load tool — %s; %d cells of %v, hold %v%s\n", machine(), len(cells), c.duration, c.hold, busyNote)
-	floor := measureFloor()
-	fmt.Fprintf(stdout, "floor: one channel round trip between two goroutines takes %s here (%.2f M/s; the fastest of ten 10ms samples)\n\n", Dur(floor), 1e3/float64(floor.Nanoseconds()))
-	printHeader(stdout)
-	var rs []result
-	var notes []string
-	broken := false
-	for i, cl := range cells {
-		label := fmt.Sprintf("[%d/%d] %s %s g=%d", i+1, len(cells), cl.Impl, cl.Scenario, cl.Goroutines)
-		r, note, err := runCell(cl, progress, label)
-		if err != nil {
-			fmt.Fprintf(stderr, "bench: %v\n", err)
-			return 1
-		}
-		r.Floor = floor
-		rs = append(rs, r)
-		printRow(stdout, r, baseOf(rs, r))
-		broken = broken || r.MaxInside > 1
-		if note != "" {
-			notes = append(notes, note)
-		}
+	rs, notes, err := c.runCells(cells, progress, stdout)
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return 1
 	}
 	fmt.Fprint(stdout, footnote(rs))
 	conclude(stdout, rs)
@@ -418,11 +467,80 @@ func Run(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintf(stdout, "\nwrote %s/results.md (the table), results.json, chart.svg (throughput and latency per cell)\n", c.out)
 	}
-	if broken {
+	if slices.ContainsFunc(rs, func(r result) bool { return r.MaxInside > 1 }) {
 		fmt.Fprintln(stderr, "bench: an implementation let two holders into one key at once")
 		return 1
 	}
 	return 0
+}
+
+// cells is the run's cells, scenario by scenario, then goroutine count, then
+// implementation; the cancel scenario only for implementations that take a
+// context (the others have nothing to cancel).
+func (c config) cells() []cell {
+	var cells []cell
+	for _, sc := range c.scenarios {
+		for _, g := range c.goroutines {
+			for _, impl := range c.impls {
+				if sc == "cancel" && !takesContext(impl) {
+					continue
+				}
+				cells = append(cells, cell{Impl: impl, Family: familyOf(impl).Name, Scenario: sc, Goroutines: g, Keys: c.keys, Hold: c.hold, Busy: c.busy, Shards: c.shards, Duration: c.duration})
+			}
+		}
+	}
+	return cells
+}
+
+// startServers starts the servers the cells need before the table: a
+// distributed family with no address given gets a throwaway server for the
+// run, its address in c.addrs. It returns how to stop those it started, also
+// when it fails to start one.
+func (c config) startServers(cells []cell, progress io.Writer) (stops []func(), err error) {
+	for _, f := range c.families {
+		if f.Start == nil || c.addrs[f.Name] != "" || !slices.ContainsFunc(cells, func(cl cell) bool { return cl.Family == f.Name }) {
+			continue
+		}
+		if progress != nil {
+			fmt.Fprintf(progress, "starting a throwaway %s server on a free loopback port…\n", f.Name)
+		}
+		addr, stop, err := f.Start()
+		if err != nil {
+			return stops, fmt.Errorf("starting a %s server: %v (or give one: -%s)", f.Name, err, f.AddrFlag)
+		}
+		stops = append(stops, stop)
+		c.addrs[f.Name] = addr
+	}
+	return stops, nil
+}
+
+// runCells prints the header and the floor, then runs the cells, printing
+// each row as it finishes, and returns their results and notes.
+func (c config) runCells(cells []cell, progress, stdout io.Writer) ([]result, []string, error) {
+	busyNote := ""
+	if c.busy > 0 {
+		busyNote = fmt.Sprintf(", beside %d goroutines burning CPU", c.busy)
+	}
+	fmt.Fprintf(stdout, "tenace load tool — %s; %d cells of %v, hold %v%s\n", machine(), len(cells), c.duration, c.hold, busyNote)
+	floor := measureFloor()
+	fmt.Fprintf(stdout, "floor: one channel round trip between two goroutines takes %s here (%.2f M/s; the fastest of ten 10ms samples)\n\n", Dur(floor), 1e3/float64(floor.Nanoseconds()))
+	printHeader(stdout)
+	var rs []result
+	var notes []string
+	for i, cl := range cells {
+		label := fmt.Sprintf("[%d/%d] %s %s g=%d", i+1, len(cells), cl.Impl, cl.Scenario, cl.Goroutines)
+		r, note, err := runCell(cl, progress, label)
+		if err != nil {
+			return nil, nil, err
+		}
+		r.Floor = floor
+		rs = append(rs, r)
+		printRow(stdout, r, baseOf(rs, r))
+		if note != "" {
+			notes = append(notes, note)
+		}
+	}
+	return rs, notes, nil
 }
 
 func takesContext(impl string) bool {

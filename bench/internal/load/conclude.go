@@ -61,68 +61,92 @@ func scenariosOf(rs []result, f *Family) []string {
 func concludeScenario(f *Family, sc string, rs []result) string {
 	var b strings.Builder
 	base := f.impl(f.Base)
-	var gs []int
-	var floorLo, floorHi float64
-	// For every cell of the scenario, the peer furthest ahead of tenace in
-	// ops/s (or least behind), and the rows faster than tenace.
-	var top struct {
-		r, base result
-		x       float64
-	}
-	faster := map[string]float64{} // impl → its best ops/s ÷ tenace's, where above 1
-	for _, t := range rs {
-		if t.Family != f.Name || t.Impl != f.Base || t.Scenario != sc || t.OpsPerSec <= 0 {
-			continue
-		}
-		gs = append(gs, t.Goroutines)
-		if t.Floor > 0 && f.Name == "memory" {
-			v := t.OpsPerSec * t.Floor.Seconds()
-			if len(gs) == 1 || v < floorLo {
-				floorLo = v
-			}
-			if len(gs) == 1 || v > floorHi {
-				floorHi = v
-			}
-		}
-		for _, p := range rs {
-			if p.Family != f.Name || p.Scenario != sc || p.Goroutines != t.Goroutines || isOwn(f, p.Impl) || p.OpsPerSec <= 0 {
-				continue
-			}
-			x := p.OpsPerSec / t.OpsPerSec
-			if top.x == 0 || x > top.x {
-				top.r, top.base, top.x = p, t, x
-			}
-			if x > 1 && x > faster[p.Impl] {
-				faster[p.Impl] = x
-			}
-		}
-	}
-	if len(gs) == 0 {
+	st := standing(f, sc, rs)
+	if len(st.gs) == 0 {
 		return ""
 	}
-	fmt.Fprintf(&b, "%s (g=%s): ", sc, joinInts(gs))
-	if floorHi > 0 {
-		fmt.Fprintf(&b, "tenace runs at %s the floor's rate (one round trip per op); ", span(floorLo, floorHi))
+	fmt.Fprintf(&b, "%s (g=%s): ", sc, joinInts(st.gs))
+	if st.floorHi > 0 {
+		fmt.Fprintf(&b, "tenace runs at %s the floor's rate (one round trip per op); ", span(st.floorLo, st.floorHi))
 	}
-	if top.x == 0 {
+	if st.top.x == 0 {
 		b.WriteString("no peer ran.")
 		return b.String()
 	}
-	p, t := top.r, top.base
-	if top.x > 1 {
-		fmt.Fprintf(&b, "the fastest peer, %s, does %s× tenace's ops/s at g=%d", p.Impl, ratio(top.x), p.Goroutines)
+	p, t := st.top.r, st.top.base
+	if st.top.x > 1 {
+		fmt.Fprintf(&b, "the fastest peer, %s, does %s× tenace's ops/s at g=%d", p.Impl, ratio(st.top.x), p.Goroutines)
 	} else {
-		fmt.Fprintf(&b, "tenace leads every peer; the closest, %s, does %s× tenace's ops/s at g=%d", p.Impl, ratio(top.x), p.Goroutines)
+		fmt.Fprintf(&b, "tenace leads every peer; the closest, %s, does %s× tenace's ops/s at g=%d", p.Impl, ratio(st.top.x), p.Goroutines)
 	}
 	fmt.Fprintf(&b, ", p999 %s and max %s against tenace's %s and %s. ", Dur(p.P999), Dur(p.Max), Dur(t.P999), Dur(t.Max))
 	if len(base.Gives) == 0 {
 		return b.String()
 	}
-	if len(faster) == 0 {
+	if len(st.faster) == 0 {
 		fmt.Fprintf(&b, "No row is faster; tenace gives %s.", strings.Join(base.Gives, ", "))
 		return b.String()
 	}
-	// The faster rows, grouped by what of tenace's guarantees they lack.
+	b.WriteString(fasterRows(f, base, st.faster))
+	return b.String()
+}
+
+// scenarioStanding is where tenace stands in one scenario of a family.
+type scenarioStanding struct {
+	gs               []int   // the goroutine counts tenace ran at
+	floorLo, floorHi float64 // tenace's ops/s as a share of the floor's rate (in-process only)
+	// For every cell of the scenario, the peer furthest ahead of tenace in
+	// ops/s (or least behind), and the rows faster than tenace.
+	top struct {
+		r, base result
+		x       float64
+	}
+	faster map[string]float64 // impl → its best ops/s ÷ tenace's, where above 1
+}
+
+// standing is where f's base stands in scenario sc of rs.
+func standing(f *Family, sc string, rs []result) *scenarioStanding {
+	st := &scenarioStanding{faster: map[string]float64{}}
+	for _, t := range rs {
+		if t.Family != f.Name || t.Impl != f.Base || t.Scenario != sc || t.OpsPerSec <= 0 {
+			continue
+		}
+		st.gs = append(st.gs, t.Goroutines)
+		if t.Floor > 0 && f.Name == "memory" {
+			v := t.OpsPerSec * t.Floor.Seconds()
+			if len(st.gs) == 1 || v < st.floorLo {
+				st.floorLo = v
+			}
+			if len(st.gs) == 1 || v > st.floorHi {
+				st.floorHi = v
+			}
+		}
+		st.comparePeers(f, t, rs)
+	}
+	return st
+}
+
+// comparePeers compares tenace's cell t with the peers' cells of the same
+// scenario and goroutine count.
+func (st *scenarioStanding) comparePeers(f *Family, t result, rs []result) {
+	for _, p := range rs {
+		if p.Family != f.Name || p.Scenario != t.Scenario || p.Goroutines != t.Goroutines || isOwn(f, p.Impl) || p.OpsPerSec <= 0 {
+			continue
+		}
+		x := p.OpsPerSec / t.OpsPerSec
+		if st.top.x == 0 || x > st.top.x {
+			st.top.r, st.top.base, st.top.x = p, t, x
+		}
+		if x > 1 && x > st.faster[p.Impl] {
+			st.faster[p.Impl] = x
+		}
+	}
+}
+
+// fasterRows is the sentence naming the rows faster than base, grouped by
+// what of base's guarantees they lack.
+func fasterRows(f *Family, base *Impl, faster map[string]float64) string {
+	var b strings.Builder
 	var groups []string
 	byLack := map[string][]string{}
 	for name := range faster {
