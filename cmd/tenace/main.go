@@ -106,7 +106,27 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "tenace: unknown command %q\n%s", cmd, usage)
 		return 2
 	}
-	var cfg config
+	cfg, key, ok := parse(cmd, rest, stderr)
+	if !ok {
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
+	defer cancel()
+	p, err := open(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "tenace %s: %v\n", cmd, explain(err, cfg))
+		return 1
+	}
+	defer p.Close()
+	if cmd == "inspect" {
+		return inspectKey(ctx, p, cfg, key, stdout, stderr)
+	}
+	return listLocks(ctx, p, cfg, stdout, stderr)
+}
+
+// parse reads the flags of cmd (and the key of inspect) from args; on
+// misuse it says why on stderr and returns ok false.
+func parse(cmd string, args []string, stderr io.Writer) (cfg config, key string, ok bool) {
 	fs := flag.NewFlagSet("tenace "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.redis, "redis", "", "a Redis server, host:port")
@@ -121,52 +141,50 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.IntVar(&cfg.max, "max", 1000, "at most this many keys")
 	}
 	// The key of inspect may come before the flags or after them.
-	var key string
-	if cmd == "inspect" && len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
-		key, rest = rest[0], rest[1:]
+	if cmd == "inspect" && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		key, args = args[0], args[1:]
 	}
-	if err := fs.Parse(rest); err != nil {
-		return 2
+	if err := fs.Parse(args); err != nil {
+		return cfg, "", false
 	}
 	if cmd == "inspect" && key == "" && fs.NArg() == 1 {
 		key = fs.Arg(0)
 	} else if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "tenace %s: unexpected arguments %q\n%s", cmd, fs.Args(), usage)
-		return 2
+		return cfg, "", false
 	}
 	if cmd == "inspect" && key == "" {
 		fmt.Fprintf(stderr, "tenace inspect: which key? tenace inspect KEY --redis ADDR\n")
-		return 2
+		return cfg, "", false
 	}
 	if n := btoi(cfg.redis != "") + btoi(cfg.postgres != "") + btoi(cfg.etcd != ""); n != 1 {
 		fmt.Fprintf(stderr, "tenace %s: give one server: --redis ADDR, --postgres URL or --etcd URLS\n", cmd)
-		return 2
+		return cfg, "", false
 	}
 	if cfg.timeout <= 0 || cfg.max <= 0 && cmd == "locks" {
 		fmt.Fprintf(stderr, "tenace %s: --timeout and --max must be positive\n", cmd)
-		return 2
+		return cfg, "", false
 	}
+	return cfg, key, true
+}
 
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
-	defer cancel()
-	p, err := open(ctx, cfg)
+// inspectKey writes what p says of key, and returns the exit status.
+func inspectKey(ctx context.Context, p inspector, cfg config, key string, stdout, stderr io.Writer) int {
+	info, err := p.Inspect(ctx, key)
 	if err != nil {
-		fmt.Fprintf(stderr, "tenace %s: %v\n", cmd, explain(err, cfg))
+		fmt.Fprintf(stderr, "tenace inspect: %v\n", explain(err, cfg))
 		return 1
 	}
-	defer p.Close()
-	if cmd == "inspect" {
-		info, err := p.Inspect(ctx, key)
-		if err != nil {
-			fmt.Fprintf(stderr, "tenace inspect: %v\n", explain(err, cfg))
-			return 1
-		}
-		if cfg.json {
-			return writeJSON(stdout, stderr, jsonKey(info))
-		}
-		writeInspect(stdout, info, time.Now())
-		return 0
+	if cfg.json {
+		return writeJSON(stdout, stderr, jsonKey(info))
 	}
+	writeInspect(stdout, info, time.Now())
+	return 0
+}
+
+// listLocks writes the keys p holds under cfg.prefix, and returns the exit
+// status.
+func listLocks(ctx context.Context, p inspector, cfg config, stdout, stderr io.Writer) int {
 	keys, more, err := list(ctx, p, cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "tenace locks: %v\n", explain(err, cfg))
