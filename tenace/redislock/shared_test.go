@@ -3,13 +3,10 @@ package redislock_test
 // Shared locks and N permits per key (issue 28), on a real redis-server.
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
-	"os"
-	"os/exec"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -281,25 +278,13 @@ const holderSharedEnv = "TENACE_REDISLOCK_HOLDER_SHARED"
 // then, not before the holder's renewals stop.
 func TestAKilledHoldersPermitComesBackWithinItsWindow(t *testing.T) {
 	srv, c := setup(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), holderEnv+"="+srv.Addr, holderSharedEnv+"=1")
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = stdin.Close(); _ = cmd.Process.Kill() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	require.NoError(t, err)
-	require.Equal(t, "held\n", line)
+	cmd := startHolder(t, srv.Addr, holderSharedEnv+"=1")
 
 	p := newProvider(t, c, redislock.WithRetryInterval(50*time.Millisecond))
 	kept := mustAcquire(t, p, "killedshared", bulk(2))
 	defer func() { require.NoError(t, kept.Release(bg)) }()
-	// Let the holder renew past its first window: its permit outlives it
-	// only through renewals.
-	time.Sleep(700 * time.Millisecond)
+	// The holder has renewed past its first window (startHolder): its
+	// permit outlives it only through renewals.
 	require.False(t, tryNow(t, p, "killedshared", bulk(2)), "both permits held: the holder's renewed past its first window")
 
 	r := acquireAsync(bg, p, "killedshared", tenace.LockAcquireOptions{Shared: true, Permits: 2, Timeout: 5 * time.Second})
