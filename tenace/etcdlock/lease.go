@@ -12,6 +12,7 @@ import (
 
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/internal/keyfmt"
+	"tenace.dev/tenace/internal/provkit"
 )
 
 // leaseState is where a lease is; the zero value is invalid.
@@ -99,24 +100,11 @@ func (p *Provider) grant(l *lease, opts tenace.LockAcquireOptions) (tenace.LockL
 		p.sharedHeld.Add(1)
 	}
 	p.mu.Unlock()
-	ttl := opts.TTL
-	if ttl == 0 {
-		ttl = p.ttl
-	}
-	if ttl > 0 {
-		expired := func() {
-			l.lose(fmt.Errorf("%w (etcdlock: %s was held for its TTL, %v)", tenace.ErrLeaseExpired, keyfmt.Quote(l.key), ttl))
-		}
-		var stop func() bool
-		if opts.Clock == nil {
-			stop = time.AfterFunc(ttl, expired).Stop
-		} else {
-			stop = opts.Clock.AfterFunc(ttl, expired)
-		}
-		// A lose or Release before this Store finds no timer to stop; the
-		// timer then finds the lease ended and does nothing.
-		l.stopCap.Store(&stop)
-	}
+	// A lose or Release before this Store finds no timer to stop; the timer
+	// then finds the lease ended and does nothing.
+	l.stopCap.Store(provkit.CapHold(opts.Clock, opts.TTL, p.ttl, func(ttl time.Duration) {
+		l.lose(fmt.Errorf("%w (etcdlock: %s was held for its TTL, %v)", tenace.ErrLeaseExpired, keyfmt.Quote(l.key), ttl))
+	}))
 	return l, nil
 }
 
