@@ -347,26 +347,26 @@ func validate(key string, opts tenace.LockAcquireOptions) error {
 // is granted or gives up (see the package doc, Fairness between readers
 // and writers). Everything below holds for both.
 //
-// An outage is an error, never (nil, nil): a server that refuses
-// connections or cannot be reached, or answers with an error, fails the
-// call at once, whatever the Timeout (NoWait included), with an error that
-// wraps the cause (errors.Is(err, syscall.ECONNREFUSED) holds for a
-// refused connection: a try that has had no reply for 5ms dials the
-// server itself, on a *redis.Client, rather than wait for go-redis's dial
-// retries); and a server reached but silent until the Timeout returns an
-// error wrapping ErrNoReply (and tenace.ErrNoReply) that names key and the
-// Timeout (`redislock: acquiring "k": no reply from Redis within the 700ms
-// Timeout (context deadline exceeded)`). A Lock reports both as a provider
-// failure (lock.failed), not as contention (lock.rejected). How a try in
-// flight at the Timeout is judged: it has 20ms more (noreply.LateReply) for its
-// reply, which then decides (a grant is returned; "held" is (nil, nil));
-// without one, a first try is ErrNoReply (asked once more, for 10ms, if
-// this process itself was starved of CPU for 25ms past that deadline: a
-// socket read past its deadline fails even with the reply in the buffer),
-// and a retry — the server has already answered "held" — is part of the
-// wait, (nil, nil), unless it had gone unanswered for 200ms (the server
-// stalled during the wait: ErrNoReply). So on a stalled server Acquire returns within Timeout
-// + 20ms and this process's scheduling latency.
+// An outage is an error, never (nil, nil): a server that refuses connections
+// or cannot be reached, or answers with an error, fails the call at once,
+// whatever the Timeout (NoWait included), with an error that wraps the cause
+// (errors.Is(err, syscall.ECONNREFUSED) holds for a refused connection: a try
+// that has had no reply for 5ms dials the server itself, on a *redis.Client,
+// rather than wait for go-redis's dial retries); and a server reached but
+// silent until the Timeout returns an error wrapping ErrNoReply (and
+// tenace.ErrNoReply) that names key and the Timeout (`redislock: acquiring
+// "k": no reply from Redis within the 700ms Timeout (context deadline
+// exceeded)`). A Lock reports both as a provider failure (lock.failed), not
+// as contention (lock.rejected). How a try in flight at the Timeout is
+// judged: it has 20ms more (noreply.LateReply) for its reply, which then
+// decides (a grant is returned; "held" is (nil, nil)); without one, a first
+// try is ErrNoReply (asked once more, for 10ms, if this process itself was
+// starved of CPU for 25ms past that deadline: a socket read past its deadline
+// fails even with the reply in the buffer), and a retry — the server has
+// already answered "held" — is part of the wait, (nil, nil), unless it had
+// gone unanswered for 200ms (the server stalled during the wait: ErrNoReply).
+// So on a stalled server Acquire returns within Timeout + 20ms and this
+// process's scheduling latency.
 //
 // opts.Timeout bounds the whole call, Redis calls included: each call gets
 // a context that ends at the timeout (a try of the acquire script, 20ms
@@ -452,11 +452,11 @@ func (p *Provider) SupportsShared() bool { return true }
 // with it or at the Timeout, on the options' Clock (tenace.AcquireContext);
 // call is what the subscription gets: acq itself on the system clock, whose
 // deadline go-redis turns into socket deadlines; with another clock, a
-// context with the caller's (real) deadline that ends when acq does. try
-// is what each try of the acquire script gets: like call, but it ends
-// noreply.LateReply after the Timeout (with the caller's ctx, at once), so that a
-// try in flight at the Timeout can still bring its reply. timeout is the
-// call's Timeout, for the error that says no answer came within it.
+// context with the caller's (real) deadline that ends when acq does. try is
+// what each try of the acquire script gets: like call, but it ends
+// noreply.LateReply after the Timeout (with the caller's ctx, at once), so
+// that a try in flight at the Timeout can still bring its reply. timeout is
+// the call's Timeout, for the error that says no answer came within it.
 type waitCtx struct {
 	caller, acq, call, try context.Context
 	timeout                time.Duration
@@ -477,8 +477,8 @@ type waitCtx struct {
 // not answered at all.
 const retrySilence = 200 * time.Millisecond
 
-// starved reports whether a first try that failed with err was cut short
-// by its own deadline (noreply.LateReply after the Timeout, on the system clock)
+// starved reports whether a first try that failed with err was cut short by
+// its own deadline (noreply.LateReply after the Timeout, on the system clock)
 // more than noreply.StarvedBy before this process saw it fail.
 func starved(w waitCtx, err error) bool {
 	d, ok := w.try.Deadline()

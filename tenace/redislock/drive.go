@@ -68,8 +68,8 @@ type event struct {
 	// server when no answer came (an *unreachableError replaces err when
 	// the dial failed).
 	err error
-	// starved: a first try that failed was cut short by its own deadline
-	// more than noreply.StarvedBy before this process saw it fail (see starved).
+	// starved: a first try that failed was cut short by its own deadline more
+	// than noreply.StarvedBy before this process saw it fail (see starved).
 	starved bool
 	// silence is how long a failed try had gone unanswered.
 	silence time.Duration
@@ -293,11 +293,11 @@ func (p *Provider) tryOnce(w waitCtx, c claim, s state, ctx context.Context, wok
 //
 // The rule: (nil, nil) only when the server answered "held" (a retry cut
 // short less than retrySilence after it was sent is part of that wait). A
-// server's error reply, or a failed dial, is returned as itself, whatever
-// the Timeout. A first try the Timeout (and noreply.LateReply after it) cut short
+// server's error reply, or a failed dial, is returned as itself, whatever the
+// Timeout. A first try the Timeout (and noreply.LateReply after it) cut short
 // is an error wrapping ErrNoReply, not (nil, nil), which says another call
-// holds the key and which a Lock reports as contention (lock.rejected)
-// rather than a failure.
+// holds the key and which a Lock reports as contention (lock.rejected) rather
+// than a failure.
 func (p *Provider) verdict(w waitCtx, c claim, s state, act action, e event) error {
 	var failure, timedOut error
 	switch act {

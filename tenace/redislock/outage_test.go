@@ -357,8 +357,8 @@ func (tryLogger) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 //
 // The one other outcome allowed is ErrNoReply, and only as the rule says:
 // when no try of that Acquire was answered (the server, starved of CPU
-// itself, left a first try unanswered past the Timeout and noreply.LateReply: it
-// never said "held", so (nil, nil) would not be true), or its last try
+// itself, left a first try unanswered past the Timeout and noreply.LateReply:
+// it never said "held", so (nil, nil) would not be true), or its last try
 // went unanswered for 200ms (retrySilence). A hook on the waiter's client
 // tells. At load 12-20 on 2 cores, beside the burners and -race, 0 to 15
 // Acquires in 100 were such.

@@ -368,10 +368,10 @@ func (p *Provider) Stats() tenace.LockStats {
 }
 
 // ErrNoReply is wrapped by the error Acquire returns when the server was
-// reached but left a try unanswered past the Timeout (and noreply.LateReply, 20ms,
-// after it): a stalled server, not a held key (which is (nil, nil)). It
-// wraps tenace.ErrNoReply, so errors.Is(err, tenace.ErrNoReply) holds too.
-// A Lock reports it as a provider failure (*tenace.UnexpectedError, event
+// reached but left a try unanswered past the Timeout (and noreply.LateReply,
+// 20ms, after it): a stalled server, not a held key (which is (nil, nil)). It
+// wraps tenace.ErrNoReply, so errors.Is(err, tenace.ErrNoReply) holds too. A
+// Lock reports it as a provider failure (*tenace.UnexpectedError, event
 // lock.failed). The cause is in the message, not wrapped: it is most often
 // the try's own deadline, a context.DeadlineExceeded, which errors.Is keeps
 // for the caller's ctx.
