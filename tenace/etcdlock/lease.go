@@ -138,7 +138,7 @@ func (l *lease) keep(expiry time.Time) {
 		select {
 		case <-l.kctx.Done():
 			if l.revokeOnStop.Load() {
-				ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+				ctx, cancel := context.WithTimeout(context.Background(), provkit.CleanupTimeout)
 				_, _, _ = hedge(ctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.LeaseRevokeResponse, error) {
 					return p.client.Revoke(ctx, l.id)
 				})
@@ -207,7 +207,7 @@ func (l *lease) lose(err error) bool {
 // abandon ends a lease whose Acquire gave up: the keeper revokes it, and
 // abandon waits up to wait for that (etcd then has removed the caller from
 // the queue); past it the revoke goes on in the background, bounded by
-// cleanupTimeout, and the key lapses within one window if it fails.
+// provkit.CleanupTimeout, and the key lapses within one window if it fails.
 func (l *lease) abandon(wait time.Duration) {
 	if l.state.CompareAndSwap(stateWaiting, stateAbandoned) {
 		l.revokeOnStop.Store(true)
@@ -278,7 +278,7 @@ func (l *lease) Release(ctx context.Context) error {
 func (l *lease) release(ctx context.Context) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cleanupTimeout)
+		ctx, cancel = context.WithTimeout(ctx, provkit.CleanupTimeout)
 		defer cancel()
 	}
 	resp, tries, err := hedge(ctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.TxnResponse, error) {
@@ -304,7 +304,7 @@ func (l *lease) release(ctx context.Context) error {
 func (l *lease) revoke(ctx context.Context, first bool) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cleanupTimeout)
+		ctx, cancel = context.WithTimeout(ctx, provkit.CleanupTimeout)
 		defer cancel()
 	}
 	_, tries, err := hedge(ctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.LeaseRevokeResponse, error) {

@@ -34,10 +34,6 @@ const (
 	MaxMargin = time.Second
 )
 
-// cleanupTimeout bounds the revoke of a waiter that gave up, of a lease lost
-// or held at Close, and a Release whose ctx has no deadline.
-const cleanupTimeout = 5 * time.Second
-
 // Provider is a tenace.LockProvider on etcd. It is safe for concurrent use;
 // create it with New and Close it when done. It does not own the client:
 // close the client after the provider.
@@ -256,12 +252,12 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	return l, err
 }
 
-// abandonWait is how long an Acquire that gives up waits for etcd to take
-// it out of the queue: as long as the revoke takes (at most giveUpWait)
-// when etcd answered its last request, so that the next caller finds the
-// key as the caller left it; not at all when etcd did not answer (the
-// revoke goes on in the background, bounded by cleanupTimeout); and within
-// the 50ms the Timeout's bound allows when the Timeout ended the wait.
+// abandonWait is how long an Acquire that gives up waits for etcd to take it
+// out of the queue: as long as the revoke takes (at most giveUpWait) when
+// etcd answered its last request, so that the next caller finds the key as
+// the caller left it; not at all when etcd did not answer (the revoke goes on
+// in the background, bounded by provkit.CleanupTimeout); and within the 50ms
+// the Timeout's bound allows when the Timeout ended the wait.
 func (a *attempt) abandonWait() time.Duration {
 	switch {
 	case !a.replied:

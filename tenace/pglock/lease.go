@@ -171,7 +171,7 @@ func (l *lease) Release(ctx context.Context) error {
 
 // releaseTimeout bounds a Release whose ctx has no deadline (a variable for
 // tests).
-var releaseTimeout = cleanupTimeout
+var releaseTimeout = provkit.CleanupTimeout
 
 // reported is set by the first Release that returned the loss.
 func (l *lease) reportLoss() bool { return l.reported.CompareAndSwap(false, true) }
@@ -214,7 +214,7 @@ func (l *lease) unlockLost(cause error) {
 
 // endTimeout bounds the unlock of a lease lost to its TTL or to Close (a
 // variable for tests).
-var endTimeout = cleanupTimeout
+var endTimeout = provkit.CleanupTimeout
 
 // finish is run by the one ender: stop the TTL timer and the watcher; if
 // the connection died meanwhile, the lease is lost; otherwise unlock (or

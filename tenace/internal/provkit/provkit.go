@@ -96,3 +96,9 @@ func AwaitDeadline(ctx context.Context) {
 // microseconds, or as soon as the scheduler runs it on a loaded machine
 // (20ms was not enough under -race beside other work).
 const OutcomeWait = time.Second
+
+// CleanupTimeout bounds a call a provider makes on a context that is not
+// the caller's, to clean up: the revoke or unlock of a lease lost, expired
+// at its TTL or held at Close, of a waiter that gave up, and a Release
+// whose ctx has no deadline.
+const CleanupTimeout = 5 * time.Second
