@@ -12,6 +12,7 @@ import (
 
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/internal/keyfmt"
+	"tenace.dev/tenace/internal/provkit"
 )
 
 // leaseState is where a lease is; the zero value is invalid.
@@ -99,24 +100,11 @@ func (p *Provider) grant(l *lease, opts tenace.LockAcquireOptions) (tenace.LockL
 		p.sharedHeld.Add(1)
 	}
 	p.mu.Unlock()
-	ttl := opts.TTL
-	if ttl == 0 {
-		ttl = p.ttl
-	}
-	if ttl > 0 {
-		expired := func() {
-			l.lose(fmt.Errorf("%w (etcdlock: %s was held for its TTL, %v)", tenace.ErrLeaseExpired, keyfmt.Quote(l.key), ttl))
-		}
-		var stop func() bool
-		if opts.Clock == nil {
-			stop = time.AfterFunc(ttl, expired).Stop
-		} else {
-			stop = opts.Clock.AfterFunc(ttl, expired)
-		}
-		// A lose or Release before this Store finds no timer to stop; the
-		// timer then finds the lease ended and does nothing.
-		l.stopCap.Store(&stop)
-	}
+	// A lose or Release before this Store finds no timer to stop; the timer
+	// then finds the lease ended and does nothing.
+	l.stopCap.Store(provkit.CapHold(opts.Clock, opts.TTL, p.ttl, func(ttl time.Duration) {
+		l.lose(fmt.Errorf("%w (etcdlock: %s was held for its TTL, %v)", tenace.ErrLeaseExpired, keyfmt.Quote(l.key), ttl))
+	}))
 	return l, nil
 }
 
@@ -150,7 +138,7 @@ func (l *lease) keep(expiry time.Time) {
 		select {
 		case <-l.kctx.Done():
 			if l.revokeOnStop.Load() {
-				ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+				ctx, cancel := context.WithTimeout(context.Background(), provkit.CleanupTimeout)
 				_, _, _ = hedge(ctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.LeaseRevokeResponse, error) {
 					return p.client.Revoke(ctx, l.id)
 				})
@@ -219,7 +207,7 @@ func (l *lease) lose(err error) bool {
 // abandon ends a lease whose Acquire gave up: the keeper revokes it, and
 // abandon waits up to wait for that (etcd then has removed the caller from
 // the queue); past it the revoke goes on in the background, bounded by
-// cleanupTimeout, and the key lapses within one window if it fails.
+// provkit.CleanupTimeout, and the key lapses within one window if it fails.
 func (l *lease) abandon(wait time.Duration) {
 	if l.state.CompareAndSwap(stateWaiting, stateAbandoned) {
 		l.revokeOnStop.Store(true)
@@ -290,7 +278,7 @@ func (l *lease) Release(ctx context.Context) error {
 func (l *lease) release(ctx context.Context) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cleanupTimeout)
+		ctx, cancel = context.WithTimeout(ctx, provkit.CleanupTimeout)
 		defer cancel()
 	}
 	resp, tries, err := hedge(ctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.TxnResponse, error) {
@@ -316,7 +304,7 @@ func (l *lease) release(ctx context.Context) error {
 func (l *lease) revoke(ctx context.Context, first bool) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cleanupTimeout)
+		ctx, cancel = context.WithTimeout(ctx, provkit.CleanupTimeout)
 		defer cancel()
 	}
 	_, tries, err := hedge(ctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.LeaseRevokeResponse, error) {

@@ -19,6 +19,7 @@ import (
 	"tenace.dev/tenace/clock"
 	"tenace.dev/tenace/internal/keyfmt"
 	"tenace.dev/tenace/internal/noreply"
+	"tenace.dev/tenace/internal/provkit"
 )
 
 // Defaults.
@@ -32,10 +33,6 @@ const (
 	// the expiry etcd was last told (see WithWindow).
 	MaxMargin = time.Second
 )
-
-// cleanupTimeout bounds the revoke of a waiter that gave up, of a lease lost
-// or held at Close, and a Release whose ctx has no deadline.
-const cleanupTimeout = 5 * time.Second
 
 // Provider is a tenace.LockProvider on etcd. It is safe for concurrent use;
 // create it with New and Close it when done. It does not own the client:
@@ -94,10 +91,7 @@ func (f optionFunc) apply(p *Provider) { f(p) }
 // (by default none: held until Release or a loss). It panics if d is not
 // positive.
 func WithTTL(d time.Duration) Option {
-	if d <= 0 {
-		panic("tenace: etcdlock.WithTTL: the TTL must be positive")
-	}
-	return optionFunc(func(p *Provider) { p.ttl = d })
+	return optionFunc(provkit.Duration(d, time.Nanosecond, "etcdlock.WithTTL: the TTL must be positive", func(p *Provider, d time.Duration) { p.ttl = d }))
 }
 
 // WithWindow sets the TTL of the etcd lease behind each grant (DefaultWindow),
@@ -108,20 +102,14 @@ func WithTTL(d time.Duration) Option {
 // before the expiry etcd was last told (measured from before that keepalive
 // was sent). It panics if d is under a second.
 func WithWindow(d time.Duration) Option {
-	if d < time.Second {
-		panic("tenace: etcdlock.WithWindow: the window must be at least 1s (etcd keeps lease TTLs in seconds)")
-	}
-	return optionFunc(func(p *Provider) { p.window = d })
+	return optionFunc(provkit.Duration(d, time.Second, "etcdlock.WithWindow: the window must be at least 1s (etcd keeps lease TTLs in seconds)", func(p *Provider, d time.Duration) { p.window = d }))
 }
 
 // WithRenewInterval sets how often a lease is kept alive; by default a third
 // of the window. New panics if it is not below the window less its margin;
 // WithRenewInterval panics if d is not positive.
 func WithRenewInterval(d time.Duration) Option {
-	if d <= 0 {
-		panic("tenace: etcdlock.WithRenewInterval: the interval must be positive")
-	}
-	return optionFunc(func(p *Provider) { p.interval = d })
+	return optionFunc(provkit.Duration(d, time.Nanosecond, "etcdlock.WithRenewInterval: the interval must be positive", func(p *Provider, d time.Duration) { p.interval = d }))
 }
 
 // WithPrefix sets the namespace of the lock keys (DefaultPrefix). Every
@@ -227,9 +215,9 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	a := &attempt{p: p, ctx: ctx, wctx: wctx, first: wctx, key: key, opts: opts, sent: time.Now()}
 	if d, ok := actx.Deadline(); ok && opts.Timeout > 0 && clock.IsSystem(opts.Clock) {
 		// The lease grant and the queueing transaction may bring their
-		// reply lateReply past the Timeout: a reply that says "held"
+		// reply noreply.LateReply past the Timeout: a reply that says "held"
 		// then gives (nil, nil), none gives ErrNoReply (see failed).
-		first, cancelFirst := context.WithDeadline(ctx, d.Add(lateReply))
+		first, cancelFirst := context.WithDeadline(ctx, d.Add(noreply.LateReply))
 		stopFirst := context.AfterFunc(p.closed, cancelFirst)
 		a.first = first
 		peek := func() {}
@@ -264,12 +252,12 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	return l, err
 }
 
-// abandonWait is how long an Acquire that gives up waits for etcd to take
-// it out of the queue: as long as the revoke takes (at most giveUpWait)
-// when etcd answered its last request, so that the next caller finds the
-// key as the caller left it; not at all when etcd did not answer (the
-// revoke goes on in the background, bounded by cleanupTimeout); and within
-// the 50ms the Timeout's bound allows when the Timeout ended the wait.
+// abandonWait is how long an Acquire that gives up waits for etcd to take it
+// out of the queue: as long as the revoke takes (at most giveUpWait) when
+// etcd answered its last request, so that the next caller finds the key as
+// the caller left it; not at all when etcd did not answer (the revoke goes on
+// in the background, bounded by provkit.CleanupTimeout); and within the 50ms
+// the Timeout's bound allows when the Timeout ended the wait.
 func (a *attempt) abandonWait() time.Duration {
 	switch {
 	case !a.replied:
@@ -389,7 +377,7 @@ type attempt struct {
 	wctx    context.Context // ends with ctx, the Timeout, or Close
 	key     string
 	opts    tenace.LockAcquireOptions
-	first   context.Context // the lease grant's and the queueing's: wctx, or lateReply past the Timeout
+	first   context.Context // the lease grant's and the queueing's: wctx, or noreply.LateReply past the Timeout
 	l       *lease          // from the lease grant on
 	sent    time.Time
 	replied bool             // etcd answered a request of this attempt
@@ -445,26 +433,21 @@ func (a *attempt) peek(ctx context.Context, dir string) {
 	}
 }
 
-// starvedBy is how late past a.first's deadline this process may see its
-// requests fail and still take that as etcd's silence. Later than that, the
-// process was starved of CPU (a loaded machine, a GC pause), and the
-// replies may have come in time and been left unread: the peek is asked
-// again once, with half of lateReply for its answer (the bound is already
-// stretched by the starvation).
-const starvedBy = 25 * time.Millisecond
-
 // peekedHeld reports whether the peek found entries other than the
 // caller's that do not admit it (another at the head, for an exclusive
 // caller). Called once the Timeout has passed: it waits for the peek,
-// which ends by a.first's deadline, lateReply past the Timeout.
+// which ends by a.first's deadline, noreply.LateReply past the Timeout.
 func (a *attempt) peekedHeld() bool {
 	if a.peekDone == nil {
 		return false
 	}
 	<-a.peekDone
 	if a.peeked.Load() == nil {
-		if d, ok := a.first.Deadline(); ok && time.Since(d) > starvedBy && a.ctx.Err() == nil {
-			ctx, cancel := context.WithTimeout(a.ctx, lateReply/2)
+		// Seen failed later than noreply.StarvedBy past its deadline, the
+		// peek is asked again once, with half of noreply.LateReply for its
+		// answer (the bound is already stretched by the starvation).
+		if d, ok := a.first.Deadline(); ok && time.Since(d) > noreply.StarvedBy && a.ctx.Err() == nil {
+			ctx, cancel := context.WithTimeout(a.ctx, noreply.LateReply/2)
 			a.peek(ctx, a.p.dir(a.key))
 			cancel()
 		}
@@ -479,14 +462,6 @@ func (a *attempt) peekedHeld() bool {
 	}
 	return !v.without(own).admits(a.opts)
 }
-
-// lateReply is how long past the Timeout the lease grant and the queueing
-// transaction may still bring their reply, which then decides: a queue
-// headed by another entry gives (nil, nil), the caller's own entry at the
-// head a grant. Without a reply by then, etcd never said the key is held:
-// an error wrapping tenace.ErrNoReply. It keeps Acquire within Timeout +
-// 50ms, with 30ms for the revoke of the entry and the goroutine to run.
-const lateReply = 20 * time.Millisecond
 
 func (a *attempt) run() (tenace.LockLease, error) {
 	p := a.p
@@ -692,8 +667,8 @@ func (a *attempt) queue(d int) {
 // otherwise. A Timeout on another clock than the system's keeps the first
 // rule throughout: real time tells nothing of it.
 func (a *attempt) failed(err error) (tenace.LockLease, error) {
-	awaitDeadline(a.ctx)
-	awaitDeadline(a.wctx)
+	provkit.AwaitDeadline(a.ctx)
+	provkit.AwaitDeadline(a.wctx)
 	if cerr := a.ctx.Err(); cerr != nil {
 		return nil, cerr
 	}
@@ -703,7 +678,7 @@ func (a *attempt) failed(err error) (tenace.LockLease, error) {
 	if tenace.TimedOut(a.ctx, a.wctx) {
 		if !a.held && clock.IsSystem(a.opts.Clock) && !a.peekedHeld() {
 			return nil, fmt.Errorf("%w: etcdlock: etcd did not say whether %s is held within the call's %v Timeout and %v more for a reply in flight (%v)",
-				tenace.ErrNoReply, keyfmt.Quote(a.key), a.opts.Timeout, lateReply, err)
+				tenace.ErrNoReply, keyfmt.Quote(a.key), a.opts.Timeout, noreply.LateReply, err)
 		}
 		if a.replied || noreply.Unanswered(a.wctx, a.sent) < noreply.Grace {
 			return nil, nil
@@ -713,30 +688,6 @@ func (a *attempt) failed(err error) (tenace.LockLease, error) {
 	}
 	return nil, err
 }
-
-// awaitDeadline waits for ctx, whose deadline has passed, to report its
-// end. A request cut short by a deadline (its own, lateReply past the
-// Timeout, or the server's, from the grpc-timeout it was sent with) can
-// fail before the timer that ends ctx at its earlier deadline has run, on a
-// loaded machine: failed must see the Timeout's end, not a bare
-// DeadlineExceeded. The wait is bounded (outcomeWait), and ends the moment
-// the timer runs.
-func awaitDeadline(ctx context.Context) {
-	d, ok := ctx.Deadline()
-	if !ok || ctx.Err() != nil || time.Now().Before(d) {
-		return
-	}
-	t := time.NewTimer(outcomeWait)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
-}
-
-// outcomeWait bounds awaitDeadline: only against a context that never
-// reports its deadline.
-const outcomeWait = time.Second
 
 // Stats reports the leases held through this provider (granted, not yet
 // released nor lost), the callers waiting in this process (from the moment
@@ -761,16 +712,9 @@ func (p *Provider) Stats() tenace.LockStats {
 func (p *Provider) Close() error {
 	p.endedOnce.Do(func() {
 		p.close(tenace.ErrProviderClosed)
-		p.mu.Lock()
-		p.isClosed = true
-		held := make([]*lease, 0, len(p.leases))
-		for l := range p.leases {
-			held = append(held, l)
-		}
-		p.mu.Unlock()
-		for _, l := range held {
+		provkit.EndHeld(&p.mu, &p.isClosed, p.leases, nil, func(l *lease) {
 			l.lose(fmt.Errorf("%w: etcdlock: the provider was closed while the lock on %s was held", tenace.ErrLeaseLost, keyfmt.Quote(l.key)))
-		}
+		})
 	})
 	p.bg.Wait()
 	p.revokeSpare()

@@ -127,7 +127,7 @@ func TestSharedStress(t *testing.T) {
 	admin := newClient(t, c.Endpoints()...)
 	for _, key := range []string{rw, bulk} {
 		// A give-up past its revoke wait leaves its entry to a background
-		// revoke: within cleanupTimeout.
+		// revoke: within provkit.CleanupTimeout.
 		eventually(t, 10*time.Second, "the queue of "+key+" empty", func() bool { return queued(t, admin, providers[0], key) == 0 })
 	}
 	for _, p := range providers {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"tenace.dev/tenace/internal/provkit"
 )
 
 // takeSpare returns the spare etcd lease — granted ahead of need, or
@@ -44,7 +45,7 @@ func (p *Provider) takeSpare() (*clientv3.LeaseGrantResponse, time.Time) {
 // scale: a spare that is slow to come is not waited for).
 func (p *Provider) refill() {
 	defer p.bg.Done()
-	ctx, cancel := context.WithTimeout(p.closed, cleanupTimeout)
+	ctx, cancel := context.WithTimeout(p.closed, provkit.CleanupTimeout)
 	defer cancel()
 	sent := time.Now()
 	g, _, err := hedge(ctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
@@ -63,7 +64,7 @@ func (p *Provider) refill() {
 		p.bg.Add(1)
 		go func() {
 			defer p.bg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), provkit.CleanupTimeout)
 			defer cancel()
 			_, _ = p.client.Revoke(ctx, g.ID)
 		}()
@@ -77,7 +78,7 @@ func (p *Provider) revokeSpare() {
 	p.spare = nil
 	p.mu.Unlock()
 	if g != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), provkit.CleanupTimeout)
 		defer cancel()
 		_, _ = p.client.Revoke(ctx, g.ID)
 	}

@@ -113,7 +113,7 @@ func stepQueue(c call, q string, r reply) decision {
 		// gave up (see the package doc).
 		return decision{next: outFailed, err: errEnded}
 	case r.admitted:
-		// A reply within lateReply past the Timeout still decides.
+		// A reply within noreply.LateReply past the Timeout still decides.
 		return decision{next: doGrant}
 	case c.noWait:
 		return decision{next: outHeld, held: true}

@@ -15,6 +15,7 @@ import (
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/clock"
 	"tenace.dev/tenace/internal/keyfmt"
+	"tenace.dev/tenace/internal/noreply"
 )
 
 // ErrNoReply is wrapped by the error Acquire returns when PostgreSQL, once
@@ -25,13 +26,7 @@ import (
 // reports it as a failure (*tenace.UnexpectedError, event lock.failed).
 // Retry later; if it persists, the server is down or cut off. The error
 // does not wrap context.DeadlineExceeded: the caller's ctx did not end.
-var ErrNoReply error = noReply{}
-
-type noReply struct{}
-
-func (noReply) Error() string { return "pglock: PostgreSQL did not answer in time" }
-
-func (noReply) Unwrap() error { return tenace.ErrNoReply }
+var ErrNoReply error = noreply.Error("pglock: PostgreSQL did not answer in time")
 
 // A Timeout on the system clock is kept by the server and bounded by the
 // client (see Acquire):

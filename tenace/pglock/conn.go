@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"tenace.dev/tenace/internal/provkit"
 )
 
 // cancelGrace bounds how long a statement whose context ended may keep its
@@ -18,10 +19,6 @@ import (
 // stalled server, a lost network), the connection is given up (its reads and
 // writes time out, and pgconn closes it).
 const cancelGrace = 2 * time.Second
-
-// cleanupTimeout bounds the statements run on a context that is not the
-// caller's: the unlock after a TTL, a provider's Close.
-const cleanupTimeout = 5 * time.Second
 
 // DefaultKeepalive is the TCP keepalive of the provider's connections, on
 // both ends: the client's socket, and the server's (tcp_keepalives_idle,
@@ -195,10 +192,10 @@ func itoa(n int) string {
 // answer to every uncertain state: a statement whose context ended while it
 // ran, whether it failed or succeeded (a cancel request may still be on its
 // way, and would hit the connection's next statement; a grant may have
-// landed), an unlock that failed. Closing is bounded by cleanupTimeout.
+// landed), an unlock that failed. Closing is bounded by provkit.CleanupTimeout.
 func discard(c *pgxpool.Conn) {
 	conn := c.Hijack()
-	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), provkit.CleanupTimeout)
 	defer cancel()
 	_ = conn.Close(ctx)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"tenace.dev/tenace"
+	"tenace.dev/tenace/internal/provkit"
 )
 
 // lease is one grant: the connection whose session holds the advisory lock
@@ -97,24 +98,11 @@ func (p *Provider) hold(l *lease, opts tenace.LockAcquireOptions) error {
 	}
 	p.leases[l] = struct{}{}
 	p.mu.Unlock()
-	ttl := opts.TTL
-	if ttl == 0 {
-		ttl = p.ttl
-	}
-	if ttl > 0 {
-		// An ender that comes before stopTTL is set finds no timer to stop;
-		// the timer then finds the lease ended and does nothing.
-		expired := func() {
-			l.end(fmt.Errorf("%w: pglock: the lock on %s reached its TTL of %v and was released", tenace.ErrLeaseExpired, l.name(), ttl))
-		}
-		var stop func() bool
-		if opts.Clock == nil {
-			stop = time.AfterFunc(ttl, expired).Stop
-		} else {
-			stop = opts.Clock.AfterFunc(ttl, expired)
-		}
-		l.stopTTL.Store(&stop)
-	}
+	// An ender that comes before stopTTL is set finds no timer to stop; the
+	// timer then finds the lease ended and does nothing.
+	l.stopTTL.Store(provkit.CapHold(opts.Clock, opts.TTL, p.ttl, func(ttl time.Duration) {
+		l.end(fmt.Errorf("%w: pglock: the lock on %s reached its TTL of %v and was released", tenace.ErrLeaseExpired, l.name(), ttl))
+	}))
 	return nil
 }
 
@@ -183,7 +171,7 @@ func (l *lease) Release(ctx context.Context) error {
 
 // releaseTimeout bounds a Release whose ctx has no deadline (a variable for
 // tests).
-var releaseTimeout = cleanupTimeout
+var releaseTimeout = provkit.CleanupTimeout
 
 // reported is set by the first Release that returned the loss.
 func (l *lease) reportLoss() bool { return l.reported.CompareAndSwap(false, true) }
@@ -226,7 +214,7 @@ func (l *lease) unlockLost(cause error) {
 
 // endTimeout bounds the unlock of a lease lost to its TTL or to Close (a
 // variable for tests).
-var endTimeout = cleanupTimeout
+var endTimeout = provkit.CleanupTimeout
 
 // finish is run by the one ender: stop the TTL timer and the watcher; if
 // the connection died meanwhile, the lease is lost; otherwise unlock (or

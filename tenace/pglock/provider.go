@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"tenace.dev/tenace"
+	"tenace.dev/tenace/internal/provkit"
 )
 
 // Defaults.
@@ -239,10 +240,7 @@ func WithMaxConns(n int) Option {
 // ends (the holder's process dies, the server restarts...). It panics if d
 // is negative.
 func WithTTL(d time.Duration) Option {
-	if d < 0 {
-		panic("tenace: pglock.WithTTL: negative TTL")
-	}
-	return optionFunc(func(s *settings) { s.ttl = d })
+	return optionFunc(provkit.Duration(d, 0, "pglock.WithTTL: negative TTL", func(s *settings, d time.Duration) { s.ttl = d }))
 }
 
 // WithKeepalive sets the TCP keepalive of the connections (default
@@ -549,23 +547,16 @@ func (p *Provider) closedErr() error {
 func (p *Provider) Close() error {
 	p.ended.Do(func() {
 		p.close(tenace.ErrProviderClosed)
-		p.mu.Lock()
-		p.isEnded = true
-		held := make([]*lease, 0, len(p.leases))
-		for l := range p.leases {
-			held = append(held, l)
-		}
-		p.mu.Unlock()
 		// Every lease learns of its loss first, at once; then the unlocks
 		// run in parallel, so that a stalled backend delays neither the
 		// other leases' Lost nor their unlock.
 		var wg sync.WaitGroup
-		for _, l := range held {
+		provkit.EndHeld(&p.mu, &p.isEnded, p.leases, nil, func(l *lease) {
 			cause := fmt.Errorf("%w: the provider was closed while the lock on %s was held", tenace.ErrLeaseLost, l.name())
 			if l.lose(cause) {
 				wg.Go(func() { l.unlockLost(cause) })
 			}
-		}
+		})
 		wg.Wait()
 		// The calls that Acquire left to end in the background (see
 		// call): their context ended with Close, and each is bounded.

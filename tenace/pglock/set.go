@@ -10,6 +10,7 @@ import (
 
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/internal/keyfmt"
+	"tenace.dev/tenace/internal/provkit"
 )
 
 var _ tenace.MultiLockProvider = (*Provider)(nil)
@@ -147,7 +148,7 @@ func deadlocked(key string, got []setGrant) *tenace.DeadlockError {
 // the unlock did not plainly succeed.
 func (p *Provider) giveBack(conn *pgxpool.Conn, got []setGrant) {
 	if got != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), provkit.CleanupTimeout)
 		_, err := conn.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
 		ended := ctx.Err() != nil
 		cancel()

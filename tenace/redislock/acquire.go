@@ -14,6 +14,7 @@ import (
 
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/internal/keyfmt"
+	"tenace.dev/tenace/internal/noreply"
 )
 
 // sharedLua is the Lua the scripts that touch shared holders begin with.
@@ -346,26 +347,26 @@ func validate(key string, opts tenace.LockAcquireOptions) error {
 // is granted or gives up (see the package doc, Fairness between readers
 // and writers). Everything below holds for both.
 //
-// An outage is an error, never (nil, nil): a server that refuses
-// connections or cannot be reached, or answers with an error, fails the
-// call at once, whatever the Timeout (NoWait included), with an error that
-// wraps the cause (errors.Is(err, syscall.ECONNREFUSED) holds for a
-// refused connection: a try that has had no reply for 5ms dials the
-// server itself, on a *redis.Client, rather than wait for go-redis's dial
-// retries); and a server reached but silent until the Timeout returns an
-// error wrapping ErrNoReply (and tenace.ErrNoReply) that names key and the
-// Timeout (`redislock: acquiring "k": no reply from Redis within the 700ms
-// Timeout (context deadline exceeded)`). A Lock reports both as a provider
-// failure (lock.failed), not as contention (lock.rejected). How a try in
-// flight at the Timeout is judged: it has 20ms more (lateReply) for its
-// reply, which then decides (a grant is returned; "held" is (nil, nil));
-// without one, a first try is ErrNoReply (asked once more, for 10ms, if
-// this process itself was starved of CPU for 25ms past that deadline: a
-// socket read past its deadline fails even with the reply in the buffer),
-// and a retry — the server has already answered "held" — is part of the
-// wait, (nil, nil), unless it had gone unanswered for 200ms (the server
-// stalled during the wait: ErrNoReply). So on a stalled server Acquire returns within Timeout
-// + 20ms and this process's scheduling latency.
+// An outage is an error, never (nil, nil): a server that refuses connections
+// or cannot be reached, or answers with an error, fails the call at once,
+// whatever the Timeout (NoWait included), with an error that wraps the cause
+// (errors.Is(err, syscall.ECONNREFUSED) holds for a refused connection: a try
+// that has had no reply for 5ms dials the server itself, on a *redis.Client,
+// rather than wait for go-redis's dial retries); and a server reached but
+// silent until the Timeout returns an error wrapping ErrNoReply (and
+// tenace.ErrNoReply) that names key and the Timeout (`redislock: acquiring
+// "k": no reply from Redis within the 700ms Timeout (context deadline
+// exceeded)`). A Lock reports both as a provider failure (lock.failed), not
+// as contention (lock.rejected). How a try in flight at the Timeout is
+// judged: it has 20ms more (noreply.LateReply) for its reply, which then
+// decides (a grant is returned; "held" is (nil, nil)); without one, a first
+// try is ErrNoReply (asked once more, for 10ms, if this process itself was
+// starved of CPU for 25ms past that deadline: a socket read past its deadline
+// fails even with the reply in the buffer), and a retry — the server has
+// already answered "held" — is part of the wait, (nil, nil), unless it had
+// gone unanswered for 200ms (the server stalled during the wait: ErrNoReply).
+// So on a stalled server Acquire returns within Timeout + 20ms and this
+// process's scheduling latency.
 //
 // opts.Timeout bounds the whole call, Redis calls included: each call gets
 // a context that ends at the timeout (a try of the acquire script, 20ms
@@ -451,52 +452,34 @@ func (p *Provider) SupportsShared() bool { return true }
 // with it or at the Timeout, on the options' Clock (tenace.AcquireContext);
 // call is what the subscription gets: acq itself on the system clock, whose
 // deadline go-redis turns into socket deadlines; with another clock, a
-// context with the caller's (real) deadline that ends when acq does. try
-// is what each try of the acquire script gets: like call, but it ends
-// lateReply after the Timeout (with the caller's ctx, at once), so that a
-// try in flight at the Timeout can still bring its reply. timeout is the
-// call's Timeout, for the error that says no answer came within it.
+// context with the caller's (real) deadline that ends when acq does. try is
+// what each try of the acquire script gets: like call, but it ends
+// noreply.LateReply after the Timeout (with the caller's ctx, at once), so
+// that a try in flight at the Timeout can still bring its reply. timeout is
+// the call's Timeout, for the error that says no answer came within it.
 type waitCtx struct {
 	caller, acq, call, try context.Context
 	timeout                time.Duration
 }
 
-// lateReply is how long after the Timeout a try in flight may still bring
-// its reply, which then decides (a grant, or (nil, nil) on "held"); a try
-// without a reply by then is an outage (ErrNoReply). A healthy server
-// answers in well under a millisecond, but on a loaded machine the reply
-// of a try sent just before the Timeout can be read a few milliseconds
-// after it; 20ms covers a Go scheduler's time slice (10ms) twice, and
-// keeps Acquire within Timeout + 50ms on a stalled server, the bound the
-// package promises, with 30ms for the goroutine to run after it.
-const lateReply = 20 * time.Millisecond
-
 // retrySilence is how long a retry (a try after the server answered
 // "held" in the same Acquire) may have gone unanswered when the Timeout,
-// and lateReply after it, cut it short, and still count as part of the
+// and noreply.LateReply after it, cut it short, and still count as part of the
 // wait, (nil, nil): the server did answer within the Timeout that the key
 // is held, which is what (nil, nil) says. A retry left unanswered longer
 // means the server stalled during the wait: an error wrapping ErrNoReply.
 // Waiters retry often (after their subscription is confirmed, on each
 // release message, on the fallback timer), and on a loaded machine (2
 // cores at load 16-29, two CPU burners, -race) retries in flight at the
-// Timeout went unread for more than lateReply, and at 100ms still for
+// Timeout went unread for more than noreply.LateReply, and at 100ms still for
 // several acquires in a hundred of a held key: each would have been
 // reported as an outage. A first try has no such allowance: the server has
 // not answered at all.
 const retrySilence = 200 * time.Millisecond
 
-// starvedBy is how late, past a first try's deadline, this process may
-// see the try fail and still take the failure as the server's silence.
-// Later than that, the process was starved of CPU (a loaded machine, a GC
-// pause): the reply may have come in time and been left unread, since a
-// socket read past its deadline fails even with the reply in the buffer.
-// The try is then asked again once (actRecheck).
-const starvedBy = 25 * time.Millisecond
-
-// starved reports whether a first try that failed with err was cut short
-// by its own deadline (lateReply after the Timeout, on the system clock)
-// more than starvedBy before this process saw it fail.
+// starved reports whether a first try that failed with err was cut short by
+// its own deadline (noreply.LateReply after the Timeout, on the system clock)
+// more than noreply.StarvedBy before this process saw it fail.
 func starved(w waitCtx, err error) bool {
 	d, ok := w.try.Deadline()
 	if !ok || w.caller.Err() != nil {
@@ -509,7 +492,7 @@ func starved(w waitCtx, err error) bool {
 	if errors.As(err, &reply) || isDialFailure(err) {
 		return false
 	}
-	return time.Since(d) > starvedBy
+	return time.Since(d) > noreply.StarvedBy
 }
 
 // probeAfter is how long a try may go without a reply before Acquire dials
@@ -607,13 +590,6 @@ func (a *attempt) run(ctx context.Context) ([]int64, error) {
 // The acquire script's mode argument, and a mark life of none, boxed once.
 var argExclusive, argShared, argNone any = "0", "1", int64(0)
 
-// outcomeWait bounds how long verdict waits for a context whose deadline
-// has passed to report its end. Its timer fires within microseconds, or as
-// soon as the scheduler runs it on a loaded machine (20ms was not enough
-// under -race beside other work); the wait ends the moment it does, so the
-// bound is only against a context that never reports its deadline.
-const outcomeWait = time.Second
-
 // dialNow runs the provider's probe (if it has one) for at most probeWait,
 // and returns an *unreachableError if the dial failed other than by its
 // deadline; nil otherwise.
@@ -660,18 +636,4 @@ func isDialFailure(err error) bool {
 	var down *unreachableError
 	var op *net.OpError
 	return errors.As(err, &down) || errors.As(err, &op) && op.Op == "dial"
-}
-
-// awaitDeadline waits, for at most outcomeWait, for ctx to report its end
-// if its deadline has passed.
-func awaitDeadline(ctx context.Context) {
-	if d, ok := ctx.Deadline(); !ok || time.Now().Before(d) || ctx.Err() != nil {
-		return
-	}
-	t := time.NewTimer(outcomeWait)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }

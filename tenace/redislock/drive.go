@@ -11,6 +11,7 @@ import (
 
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/internal/noreply"
+	"tenace.dev/tenace/internal/provkit"
 )
 
 // An Acquire or an AcquireSet on one slot is decided, then done: step
@@ -67,8 +68,8 @@ type event struct {
 	// server when no answer came (an *unreachableError replaces err when
 	// the dial failed).
 	err error
-	// starved: a first try that failed was cut short by its own deadline
-	// more than starvedBy before this process saw it fail (see starved).
+	// starved: a first try that failed was cut short by its own deadline more
+	// than noreply.StarvedBy before this process saw it fail (see starved).
 	starved bool
 	// silence is how long a failed try had gone unanswered.
 	silence time.Duration
@@ -209,10 +210,10 @@ func (p *Provider) drive(w waitCtx, c claim, noWait bool) ([]*lease, error) {
 		case actRecheck:
 			// Read too late to tell: ask again, as the same claim (a grant
 			// by the first try is found and returned), with half of
-			// lateReply for the answer (a live server answers in well
+			// noreply.LateReply for the answer (a live server answers in well
 			// under a millisecond).
 			s.rechecked = true
-			ctx, cancel := context.WithTimeout(w.caller, lateReply/2)
+			ctx, cancel := context.WithTimeout(w.caller, noreply.LateReply/2)
 			e = p.tryOnce(w, c, s, ctx, -1)
 			cancel()
 			continue
@@ -292,11 +293,11 @@ func (p *Provider) tryOnce(w waitCtx, c claim, s state, ctx context.Context, wok
 //
 // The rule: (nil, nil) only when the server answered "held" (a retry cut
 // short less than retrySilence after it was sent is part of that wait). A
-// server's error reply, or a failed dial, is returned as itself, whatever
-// the Timeout. A first try the Timeout (and lateReply after it) cut short
+// server's error reply, or a failed dial, is returned as itself, whatever the
+// Timeout. A first try the Timeout (and noreply.LateReply after it) cut short
 // is an error wrapping ErrNoReply, not (nil, nil), which says another call
-// holds the key and which a Lock reports as contention (lock.rejected)
-// rather than a failure.
+// holds the key and which a Lock reports as contention (lock.rejected) rather
+// than a failure.
 func (p *Provider) verdict(w waitCtx, c claim, s state, act action, e event) error {
 	var failure, timedOut error
 	switch act {
@@ -328,8 +329,8 @@ func (p *Provider) verdict(w waitCtx, c claim, s state, act action, e event) err
 	// that the caller sees ctx's error (or the Timeout's outcome), not an
 	// i/o error. (The wait is bounded, and the deadlines are the calls'
 	// own: real time.)
-	awaitDeadline(w.call)
-	awaitDeadline(w.caller)
+	provkit.AwaitDeadline(w.call)
+	provkit.AwaitDeadline(w.caller)
 	return precedence(w.caller.Err(), tenace.TimedOut(w.caller, w.acq), failure, timedOut)
 }
 

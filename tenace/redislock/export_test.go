@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"tenace.dev/tenace"
+	"tenace.dev/tenace/internal/noreply"
 )
 
 // RunReleaseScript runs l's release script once more, as a first attempt
@@ -58,7 +59,7 @@ func LossMargin(px time.Duration) time.Duration { return lossMargin(px) }
 
 // LateReply is how long after the Timeout a try in flight may bring its
 // reply.
-const LateReply = lateReply
+const LateReply = noreply.LateReply
 
 // SharedMember returns the sorted set of l's key's shared holders and l's
 // member of it, if l is a shared lease.

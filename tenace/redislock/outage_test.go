@@ -350,15 +350,15 @@ func (tryLogger) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 
 // A held key is still (nil, nil) with short Timeouts, beside two CPU
 // burners: the server answered "held", and a try in flight at the Timeout
-// has lateReply to bring its answer (a retry, retrySilence; a first try
+// has noreply.LateReply to bring its answer (a retry, retrySilence; a first try
 // read too late, a recheck). One waiter per Timeout at once, 25 rounds,
 // with fallback retries 25-50ms apart (as the conformance suite's), so
 // that some tries are in flight as their Timeout passes.
 //
 // The one other outcome allowed is ErrNoReply, and only as the rule says:
 // when no try of that Acquire was answered (the server, starved of CPU
-// itself, left a first try unanswered past the Timeout and lateReply: it
-// never said "held", so (nil, nil) would not be true), or its last try
+// itself, left a first try unanswered past the Timeout and noreply.LateReply:
+// it never said "held", so (nil, nil) would not be true), or its last try
 // went unanswered for 200ms (retrySilence). A hook on the waiter's client
 // tells. At load 12-20 on 2 cores, beside the burners and -race, 0 to 15
 // Acquires in 100 were such.

@@ -15,6 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"tenace.dev/tenace"
+	"tenace.dev/tenace/internal/noreply"
+	"tenace.dev/tenace/internal/provkit"
 )
 
 // ErrLeaseLost is tenace.ErrLeaseLost: a lease's Err wraps it once the
@@ -106,10 +108,7 @@ func (f optionFunc) apply(p *Provider) { f(p) }
 // (DefaultTTL). It panics if d is under a millisecond (Redis keeps TTLs in
 // milliseconds).
 func WithTTL(d time.Duration) Option {
-	if d < time.Millisecond {
-		panic("tenace: redislock.WithTTL: the TTL must be at least 1ms")
-	}
-	return optionFunc(func(p *Provider) { p.ttl = d })
+	return optionFunc(provkit.Duration(d, time.Millisecond, "redislock.WithTTL: the TTL must be at least 1ms", func(p *Provider, d time.Duration) { p.ttl = d }))
 }
 
 // WithWindow sets how long the server keeps a lease past its last renewal
@@ -119,10 +118,7 @@ func WithTTL(d time.Duration) Option {
 // dead holders sooner and cost more renewals. It panics if d is under a
 // millisecond.
 func WithWindow(d time.Duration) Option {
-	if d < time.Millisecond {
-		panic("tenace: redislock.WithWindow: the window must be at least 1ms")
-	}
-	return optionFunc(func(p *Provider) { p.window = d })
+	return optionFunc(provkit.Duration(d, time.Millisecond, "redislock.WithWindow: the window must be at least 1ms", func(p *Provider, d time.Duration) { p.window = d }))
 }
 
 // WithRenewInterval sets how often a held lease is renewed; by default a
@@ -130,10 +126,7 @@ func WithWindow(d time.Duration) Option {
 // lease is lost. New panics if it is not below the window; WithRenewInterval
 // panics if d is not positive.
 func WithRenewInterval(d time.Duration) Option {
-	if d <= 0 {
-		panic("tenace: redislock.WithRenewInterval: the interval must be positive")
-	}
-	return optionFunc(func(p *Provider) { p.interval = d })
+	return optionFunc(provkit.Duration(d, time.Nanosecond, "redislock.WithRenewInterval: the interval must be positive", func(p *Provider, d time.Duration) { p.interval = d }))
 }
 
 // WithPrefix sets the namespace of the lock keys. It panics if prefix
@@ -149,10 +142,7 @@ func WithPrefix(prefix string) Option {
 // release message is lost: a waiter retries after a random wait between
 // half and all of d. It panics if d is not positive.
 func WithRetryInterval(d time.Duration) Option {
-	if d <= 0 {
-		panic("tenace: redislock.WithRetryInterval: the interval must be positive")
-	}
-	return optionFunc(func(p *Provider) { p.retry = d })
+	return optionFunc(provkit.Duration(d, time.Nanosecond, "redislock.WithRetryInterval: the interval must be positive", func(p *Provider, d time.Duration) { p.retry = d }))
 }
 
 // WithLogger gives the provider a logger for what it cannot return as an
@@ -332,20 +322,8 @@ func prober(client redis.UniversalClient) func(context.Context) error {
 // its close for up to the client's DialTimeout and ReadTimeout (5s and 3s
 // by default; with a ReadTimeout of -1, until the server answers).
 func (p *Provider) Close() error {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
+	if !provkit.EndHeld(&p.mu, &p.closed, p.leases, func() { close(p.closing) }, func(l *lease) { l.lose(errProviderClosedLost) }) {
 		return nil
-	}
-	p.closed = true
-	close(p.closing)
-	held := make([]*lease, 0, len(p.leases))
-	for l := range p.leases {
-		held = append(held, l)
-	}
-	p.mu.Unlock()
-	for _, l := range held {
-		l.lose(errProviderClosedLost)
 	}
 	p.halt()
 	p.subs.close()
@@ -390,21 +368,14 @@ func (p *Provider) Stats() tenace.LockStats {
 }
 
 // ErrNoReply is wrapped by the error Acquire returns when the server was
-// reached but left a try unanswered past the Timeout (and lateReply, 20ms,
-// after it): a stalled server, not a held key (which is (nil, nil)). It
-// wraps tenace.ErrNoReply, so errors.Is(err, tenace.ErrNoReply) holds too.
-// A Lock reports it as a provider failure (*tenace.UnexpectedError, event
+// reached but left a try unanswered past the Timeout (and noreply.LateReply,
+// 20ms, after it): a stalled server, not a held key (which is (nil, nil)). It
+// wraps tenace.ErrNoReply, so errors.Is(err, tenace.ErrNoReply) holds too. A
+// Lock reports it as a provider failure (*tenace.UnexpectedError, event
 // lock.failed). The cause is in the message, not wrapped: it is most often
 // the try's own deadline, a context.DeadlineExceeded, which errors.Is keeps
 // for the caller's ctx.
-var ErrNoReply error = noReplyError{}
-
-// noReplyError is ErrNoReply: its message is Redis's, and it unwraps to
-// tenace.ErrNoReply.
-type noReplyError struct{}
-
-func (noReplyError) Error() string { return "no reply from Redis" }
-func (noReplyError) Unwrap() error { return tenace.ErrNoReply }
+var ErrNoReply error = noreply.Error("no reply from Redis")
 
 // errClosed is what Acquire returns on a closed provider.
 var errClosed = fmt.Errorf("%w (redislock.Provider.Close was called)", tenace.ErrProviderClosed)

@@ -12,6 +12,7 @@ import (
 
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/clock"
+	"tenace.dev/tenace/internal/noreply"
 )
 
 var _ tenace.MultiLockProvider = (*Provider)(nil)
@@ -183,13 +184,13 @@ func (p *Provider) waitContexts(ctx context.Context, opts tenace.LockAcquireOpti
 		// actx's deadline is on opts.Clock, and go-redis would take it for
 		// a real one (with a clock behind real time every call would time
 		// out at once): the calls get ctx's deadline, and end with actx;
-		// a try, lateReply after the Timeout.
+		// a try, noreply.LateReply after the Timeout.
 		call, cancelCall := context.WithCancel(ctx)
 		try, cancelTry := context.WithCancel(ctx)
 		stop := context.AfterFunc(actx, func() {
 			cancelCall()
 			if tenace.TimedOut(ctx, actx) {
-				time.AfterFunc(lateReply, cancelTry)
+				time.AfterFunc(noreply.LateReply, cancelTry)
 			} else {
 				cancelTry()
 			}
@@ -198,7 +199,7 @@ func (p *Provider) waitContexts(ctx context.Context, opts tenace.LockAcquireOpti
 		return w, func() { stop(); cancelCall(); cancelTry(); cancel() }
 	}
 	if d, ok := actx.Deadline(); ok && opts.Timeout > 0 {
-		try, cancelTry := context.WithDeadline(ctx, d.Add(lateReply))
+		try, cancelTry := context.WithDeadline(ctx, d.Add(noreply.LateReply))
 		w.try = try
 		return w, func() { cancelTry(); cancel() }
 	}

@@ -8,6 +8,8 @@ package noreply
 import (
 	"context"
 	"time"
+
+	"tenace.dev/tenace"
 )
 
 // Grace is how long a call may go unanswered when the Timeout cuts it
@@ -17,6 +19,35 @@ import (
 // cannot tell a slow answer from none. A call left unanswered this long is
 // an outage.
 const Grace = 250 * time.Millisecond
+
+// LateReply is how long after the Timeout a call in flight may still
+// bring its reply, which then decides (a grant, or (nil, nil) on "held"); a
+// call without a reply by then is an outage (an error wrapping
+// tenace.ErrNoReply). A healthy server answers in well under a
+// millisecond, but on a loaded machine the reply of a call sent just
+// before the Timeout can be read a few milliseconds after it; 20ms covers
+// a Go scheduler's time slice (10ms) twice, and keeps Acquire within
+// Timeout + 50ms on a stalled server, the bound the providers promise,
+// with 30ms for the goroutine (and any clean-up call) to run after it.
+const LateReply = 20 * time.Millisecond
+
+// StarvedBy is how late, past a call's deadline, this process may see the
+// call fail and still take the failure as the server's silence. Later than
+// that, the process was starved of CPU (a loaded machine, a GC pause): the
+// reply may have come in time and been left unread, since a socket read
+// past its deadline fails even with the reply in the buffer. The provider
+// then asks once more.
+const StarvedBy = 25 * time.Millisecond
+
+// Error is a provider's ErrNoReply: its message is the provider's, and it
+// unwraps to tenace.ErrNoReply, so one errors.Is covers every provider.
+type Error string
+
+// Error returns the provider's message.
+func (e Error) Error() string { return string(e) }
+
+// Unwrap returns tenace.ErrNoReply.
+func (Error) Unwrap() error { return tenace.ErrNoReply }
 
 // Unanswered is how long a call sent at sent went without a reply before
 // ctx (the calls' context) cut it short: until ctx's deadline if that has

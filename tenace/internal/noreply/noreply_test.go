@@ -2,8 +2,12 @@ package noreply
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
+
+	"tenace.dev/tenace"
 )
 
 func TestUnansweredCountsToTheDeadlineNotToNow(t *testing.T) {
@@ -24,5 +28,15 @@ func TestUnansweredCountsToTheDeadlineNotToNow(t *testing.T) {
 	defer cancel()
 	if got := Unanswered(ctx, sent); got < time.Hour || got >= 2*time.Hour {
 		t.Errorf("Unanswered with a deadline ahead = %v, want about 1h", got)
+	}
+}
+
+func TestErrorIsTheProvidersMessageAndUnwrapsToTenaceErrNoReply(t *testing.T) {
+	var err error = Error("no reply from the server")
+	if err.Error() != "no reply from the server" {
+		t.Errorf("Error() = %q, want the provider's message", err.Error())
+	}
+	if !errors.Is(fmt.Errorf("acquiring: %w", err), tenace.ErrNoReply) {
+		t.Error("a wrapped Error is not tenace.ErrNoReply")
 	}
 }
