@@ -61,6 +61,10 @@ func LossMargin(px time.Duration) time.Duration { return lossMargin(px) }
 // reply.
 const LateReply = noreply.LateReply
 
+// ProbeAfter is how long a try may go without a reply before Acquire dials
+// the server itself.
+const ProbeAfter = probeAfter
+
 // SharedMember returns the sorted set of l's key's shared holders and l's
 // member of it, if l is a shared lease.
 func SharedMember(l tenace.LockLease) (holders, member string, ok bool) {

@@ -469,15 +469,15 @@ func TestKeepaliveAndLossThroughClusterAndFailoverClients(t *testing.T) {
 // on the wire — is renewed before the expiry it was given (counted from
 // before the send), so it is not reported lost while the server answers
 // and holds the key for it. Before, the first renewal was armed one
-// interval after the reply: here 900ms after a reply 400ms into a 1-s
-// window, 300ms after the expiry; now it is armed halfway to the expiry,
-// 300ms before it. (The margins, 300ms either way, are for a loaded
-// machine: with a 300-ms window, a 250-ms stall and the default interval,
-// the renewal had 25ms to get through.)
+// interval after the reply: here 2.7s after a reply 1.2s into a 3-s
+// window, 900ms after the expiry; now it is armed halfway to the expiry,
+// 900ms before it. (The margins, 900ms either way, are for a loaded
+// machine: at load 20-30 on 2 cores under -race, 300ms either way, with a
+// 1-s window, was once not enough for the renewal to get through.)
 func TestASlowGrantIsRenewedBeforeItsExpiry(t *testing.T) {
 	srv := redistest.Start(t)
 	c := deadlineClient(t, srv.Addr)
-	const window, interval, stall = time.Second, 900 * time.Millisecond, 400 * time.Millisecond
+	const window, interval, stall = 3 * time.Second, 2700 * time.Millisecond, 1200 * time.Millisecond
 	p := newProvider(t, c, redislock.WithWindow(window), redislock.WithRenewInterval(interval))
 	warm(t, c, p)
 	var once sync.Once
