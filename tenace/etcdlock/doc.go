@@ -135,7 +135,10 @@
 // nothing attached any more, is the next Acquire's. A spare is used only
 // with at least a renewal interval and 0.5s left before its loss time (its
 // keeper starts with the Acquire that takes it, and sends a keepalive
-// halfway there); otherwise it lapses, unused.
+// halfway there); otherwise it lapses, unused. A spare that etcd no
+// longer has when the Acquire puts its entry on it (it lapsed while the
+// process was starved of CPU, or was revoked) costs that Acquire a lease
+// grant, never the call: etcd refuses the put, so nothing was written.
 // Leases are never shared: a lost lease, a waiter's that gave up, a
 // release that failed are revoked or left to lapse, never reused. A
 // killed process's leases, spare or not, lapse within the window, so its

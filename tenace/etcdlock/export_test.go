@@ -19,3 +19,13 @@ func (p *Provider) Dir(key string) string { return p.dir(key) }
 // predecessor and before it watches it, with the revision the watch starts
 // from; call it before p's first Acquire.
 func (p *Provider) SetBeforeWatch(f func(rev int64)) { p.beforeWatch = f }
+
+// Spare is p's spare etcd lease, 0 when it has none.
+func (p *Provider) Spare() clientv3.LeaseID {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.spare == nil {
+		return 0
+	}
+	return p.spare.ID
+}

@@ -553,7 +553,9 @@ func TestAHeldKeyIsStillHeldUnderLoad(t *testing.T) { forModes(t, testAHeldKeyIs
 
 func testAHeldKeyIsStillHeldUnderLoad(t *testing.T, m mode) {
 	c := cluster(t)
-	p := newProvider(t, newClient(t, c.Endpoints()...))
+	// The held lease must outlive the test's load: the verdicts are the
+	// subject, not its keepalives.
+	p := newProvider(t, newClient(t, c.Endpoints()...), etcdlock.WithWindow(busyWindow))
 	key := keyOf(t, "k")
 	held := mustAcquire(t, p, key, m.with(tenace.LockAcquireOptions{}))
 	defer func() { require.NoError(t, held.Release(bg)) }()

@@ -224,6 +224,14 @@ func (l *lease) abandon(wait time.Duration) {
 	}
 }
 
+// drop ends a waiting lease whose etcd lease etcd no longer has, before
+// any entry was put on it: its keeper stops, with no revoke and no loss
+// reported (nothing held it).
+func (l *lease) drop() {
+	l.state.CompareAndSwap(stateWaiting, stateAbandoned)
+	l.kcancel()
+}
+
 func (l *lease) stopCapTimer() {
 	if stop := l.stopCap.Load(); stop != nil {
 		(*stop)()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/connectivity"
 
@@ -390,6 +391,7 @@ type attempt struct {
 	// The driver's (run's) state, from request to request.
 	until    time.Time                    // the lease grant and the queueing stop being retried
 	g        *clientv3.LeaseGrantResponse // the caller's etcd lease
+	spare    bool                         // g is the provider's spare, taken
 	granted  time.Time                    // what its expiry is measured from
 	dir      string                       // the key's queue
 	rctx     context.Context              // a waiter's reads: end with wctx, or when its lease is lost
@@ -466,7 +468,7 @@ func (a *attempt) peekedHeld() bool {
 func (a *attempt) run() (tenace.LockLease, error) {
 	p := a.p
 	a.until = retryUntil(a.wctx)
-	r := a.grantLease()
+	r := a.grantLease(true)
 	for {
 		d := step(call{key: a.key, noWait: a.opts.Timeout == tenace.NoWait}, r)
 		if d.held && !a.held {
@@ -482,6 +484,10 @@ func (a *attempt) run() (tenace.LockLease, error) {
 				return nil, err
 			}
 			r = a.queueUp()
+		case doRegrant:
+			a.l.drop()
+			a.l = nil
+			r = a.grantLease(false)
 		case doLook:
 			r = a.look()
 		case doPause:
@@ -519,11 +525,16 @@ func (a *attempt) ended(r reply) reply {
 	return r
 }
 
-// grantLease takes the spare lease, or grants one.
-func (a *attempt) grantLease() reply {
+// grantLease takes the spare lease, when spare says it may, or grants one.
+func (a *attempt) grantLease(spare bool) reply {
 	p := a.p
 	a.sent = time.Now()
-	g, granted := p.takeSpare()
+	var g *clientv3.LeaseGrantResponse
+	var granted time.Time
+	if spare {
+		g, granted = p.takeSpare()
+	}
+	a.spare = g != nil
 	if g == nil {
 		// A lease granted to a try that went unanswered has nothing
 		// attached, and lapses on its own.
@@ -564,7 +575,7 @@ func (a *attempt) queueUp() reply {
 			Else(append([]clientv3.Op{clientv3.OpGet(a.l.name, clientv3.WithKeysOnly())}, view...)...).Commit()
 	})
 	if err != nil {
-		return a.ended(reply{req: reqQueue, err: err})
+		return a.ended(reply{req: reqQueue, err: err, spareGone: a.spare && errors.Is(err, rpctypes.ErrLeaseNotFound)})
 	}
 	a.replied = true
 	a.l.rev = resp.Header.Revision // the put's create revision: the only write of the Txn

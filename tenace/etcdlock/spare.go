@@ -23,7 +23,8 @@ import (
 // carries one entry at most, of the grant or the wait that has it (see
 // "Leases" in the package doc): a spare has nothing attached until an
 // Acquire puts its entry on it, and one that no Acquire takes lapses
-// within its TTL, as do a killed process's.
+// within its TTL, as do a killed process's. A spare etcd no longer has
+// when the Acquire queues on it is replaced by a fresh grant (doRegrant).
 func (p *Provider) takeSpare() (*clientv3.LeaseGrantResponse, time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -55,3 +55,34 @@ func TestALeaseIsReusedOnlyAfterACleanRelease(t *testing.T) {
 	require.NotEqual(t, etcdlock.LeaseID(after), etcdlock.LeaseID(late), "a spare too old to keep alive in time was used")
 	require.NoError(t, late.Release(bg))
 }
+
+// TestASpareGoneIsReplaced: a spare lease that etcd no longer has (it
+// expired while this process was starved of CPU, or was revoked) when an
+// Acquire puts its entry on it is replaced by a fresh lease, and the
+// Acquire is granted on it: etcd refused the queueing, so nothing was
+// written, and the call is not failed for the spare's loss.
+func TestASpareGoneIsReplaced(t *testing.T) {
+	c := cluster(t)
+	admin := newClient(t, c.Endpoints()...)
+	// A 3s window: a spare is fit for 0.75s after its last keepalive
+	// (see TestALeaseIsReusedOnlyAfterACleanRelease).
+	p := newProvider(t, newClient(t, c.Endpoints()...), etcdlock.WithWindow(3*time.Second))
+	for _, m := range modes {
+		first := mustAcquire(t, p, keyOf(t, "first"), m.with(tenace.LockAcquireOptions{}))
+		require.NoError(t, first.Release(bg))
+		spare := p.Spare() // the released grant's lease, or one granted ahead of need
+		require.NotZero(t, spare, "no spare after a clean release")
+		_, err := admin.Revoke(bg, spare) // behind the provider's back
+		require.NoError(t, err)
+
+		l, err := p.Acquire(bg, keyOf(t, "next"), m.with(tenace.LockAcquireOptions{Timeout: 5 * time.Second}))
+		require.NoError(t, err, "an Acquire failed for its spare's loss")
+		require.NotNil(t, l)
+		require.NotEqual(t, spare, etcdlock.LeaseID(l), "granted on the lost spare")
+		resp, err := admin.TimeToLive(bg, etcdlock.LeaseID(l), clientv3.WithAttachedKeys())
+		require.NoError(t, err)
+		require.Len(t, resp.Keys, 1)
+		require.Equal(t, etcdlock.EtcdKey(l), string(resp.Keys[0]))
+		require.NoError(t, l.Release(bg))
+	}
+}

@@ -39,6 +39,10 @@ type reply struct {
 	// The view read by reqQueue and reqLook: gone when the caller's entry
 	// was not there, admitted when nothing before it keeps it waiting.
 	gone, admitted bool
+	// spareGone: the queueing failed because etcd no longer has the
+	// spare lease the call took (it lapsed, or was revoked): nothing was
+	// written.
+	spareGone bool
 }
 
 // call is what step knows of the call beyond the reply.
@@ -53,11 +57,12 @@ type next int
 
 const (
 	// Requests: the call goes on.
-	doQueue next = iota // put the entry and read the view (the lease is the caller's)
-	doLook              // read the view (again), a waiter
-	doPause             // a look failed for now: pause, then look again
-	doWatch             // not admitted: watch for the change that may admit it
-	doGrant             // admitted: make the lease the holder
+	doQueue   next = iota // put the entry and read the view (the lease is the caller's)
+	doLook                // read the view (again), a waiter
+	doPause               // a look failed for now: pause, then look again
+	doWatch               // not admitted: watch for the change that may admit it
+	doGrant               // admitted: make the lease the holder
+	doRegrant             // the spare lease is gone: drop it, grant a fresh one (never a spare)
 	// Outcomes: the call ends without a lease.
 	outHeld   // etcd said the key is held, and the caller does not wait (NoWait): (nil, nil)
 	outFailed // the call ends: attempt.failed(err) says how (its precedence: ctx, Close, the Timeout)
@@ -104,6 +109,12 @@ func stepGrant(q string, r reply) decision {
 // stepQueue follows the queueing transaction.
 func stepQueue(c call, q string, r reply) decision {
 	switch {
+	case r.spareGone && !r.ended:
+		// A spare lease can lapse before its first keepalive (this
+		// process starved of CPU) or be revoked; etcd refused the put,
+		// so the caller is not in the queue, and a lease of its own
+		// puts it there.
+		return decision{next: doRegrant}
 	case r.err != nil:
 		return decision{next: outFailed, err: fmt.Errorf("etcdlock: queueing for %s: %w", q, r.err)}
 	case r.gone:

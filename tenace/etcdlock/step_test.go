@@ -28,6 +28,9 @@ func TestStep(t *testing.T) {
 		{"granted", wait, reply{req: reqGrant}, doQueue, false, nil, ""},
 
 		{"queueing failed", wait, reply{req: reqQueue, err: boom}, outFailed, false, boom, "queueing for"},
+		{"spare gone at the queueing: a fresh lease", wait, reply{req: reqQueue, err: boom, spareGone: true}, doRegrant, false, nil, ""},
+		{"spare gone, NoWait: a fresh lease", noWait, reply{req: reqQueue, err: boom, spareGone: true}, doRegrant, false, nil, ""},
+		{"spare gone as the wait ended", wait, reply{req: reqQueue, err: boom, spareGone: true, ended: true, timedOut: true}, outFailed, false, boom, "queueing for"},
 		{"entry vanished at the queueing", wait, reply{req: reqQueue, gone: true}, outFailed, false, nil, "entry vanished"},
 		{"head of the queue", wait, reply{req: reqQueue, admitted: true}, doGrant, false, nil, ""},
 		{"head within lateReply past the Timeout", wait, reply{req: reqQueue, admitted: true, ended: true, timedOut: true}, doGrant, false, nil, ""},
