@@ -397,3 +397,42 @@ func TestASetThatGivesUpHasLetGoWhenItReturns(t *testing.T) {
 	require.GreaterOrEqual(t, checked, 5, "rounds the server answered in time")
 	require.NoError(t, held.Release(bg))
 }
+
+// TestASetWhoseVerdictIsLateHasNotGivenUpHolding: a set waiting for a key
+// that its own provider holds, whose "held" from the server comes after
+// the Timeout and its allowance, returns at the Timeout — and not (nil,
+// nil), since the key it locked first is still locked by its session until
+// that answer comes: ErrNoReply, whose clean-up runs in the background. A
+// hook holds the server's "held" back until AcquireSet has returned, so
+// that the answer is late on any machine; the Timeout is generous, not
+// the subject.
+func TestASetWhoseVerdictIsLateHasNotGivenUpHolding(t *testing.T) {
+	srv := server(t)
+	keys := setKeys(t, 2)
+	probe := newProvider(t, srv)
+	for _, k := range keys { // registered: a lock statement says "held" only when it is
+		require.NoError(t, mustAcquire(t, probe, k, tenace.LockAcquireOptions{}).Release(bg))
+	}
+	returned := make(chan struct{})
+	p := newProvider(t, srv)
+	p.SetHooks(pglock.Hooks{StatementDone: func(_ uint32, locked bool) {
+		if !locked { // the "held" of the set's second key
+			<-returned
+		}
+	}})
+	held := mustAcquire(t, p, keys[1], tenace.LockAcquireOptions{})
+	s, err := p.AcquireSet(bg, keys, tenace.LockAcquireOptions{Timeout: 500 * time.Millisecond})
+	free, perr := probe.Acquire(bg, keys[0], tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+	close(returned)
+	require.NoError(t, perr)
+	if free != nil {
+		require.NoError(t, free.Release(bg))
+	}
+	require.Nil(t, s)
+	if err == nil {
+		require.NotNil(t, free, "the set returned (nil, nil) still holding its first key")
+	}
+	require.ErrorIs(t, err, pglock.ErrNoReply, "the server's answer came after the Timeout")
+	waitFree(t, srv, keys[0])
+	require.NoError(t, held.Release(bg))
+}
