@@ -302,6 +302,13 @@ func (c *call) runBounded() (tenace.LockLease, error) {
 	if p.closed.Err() != nil {
 		return nil, p.closedErr()
 	}
+	if c.keys != nil {
+		// A set's session may still hold the keys it locked so far, which
+		// the worker unlocks only once the server answers: (nil, nil)
+		// would say they are free, so a key this provider holds does not
+		// make the verdict "held" here.
+		return nil, c.noReply()
+	}
 	return c.unanswered()
 }
 
