@@ -232,7 +232,7 @@ func (p *MemoryLockProvider) Acquire(ctx context.Context, key string, opts LockA
 	}
 	// wait's body, written out: one frame fewer on a waiter's stack. The
 	// shard's Acquire is inlined here, so an exclusive waiter's stack is
-	// this frame and the shard's, as before shared locks: one frame more
+	// this frame and the shard's only: one frame more
 	// (a helper choosing between the two) took every waiter of the bench
 	// past the 2 KiB a goroutine starts with (bench/README.md, "Shared
 	// locks: cost for exclusive callers").

@@ -69,8 +69,8 @@
 // the entry's name — exclusive entries keep the name above, shared ones
 // are prefix + key + "/s" + the lease ID, so that the exclusive entries of
 // a queue are one etcd range — and the permit count asked for in its value
-// (exclusive entries have an empty count, as before shared locks existed,
-// so processes of an older version queue with these, and wait as writers
+// (exclusive entries have an empty count, the form an older version
+// writes, so processes of an older version queue with these, and wait as writers
 // behind their readers); the count is followed by a newline, the time the
 // caller joined the queue and its owner (see WithOwner, Inspect), which
 // older versions did not write. The rule, read in the transaction that queues and

@@ -18,8 +18,8 @@ import (
 func (p *Provider) SupportsShared() bool { return true }
 
 // sharedMark starts the name of a shared entry after the queue's prefix.
-// Exclusive entries are named by their lease ID in hex, as before shared
-// locks existed (0-9, a-f: all below "s"), so that the exclusive entries of
+// Exclusive entries are named by their lease ID in hex, the names older
+// versions read (0-9, a-f: all below "s"), so that the exclusive entries of
 // a queue are the range [dir, dir+"s") and the shared ones dir+"s"….
 const sharedMark = "s"
 

@@ -40,7 +40,7 @@ const (
 	// round trip took 20–90 ms, sometimes 250 ms.
 	verdictLead = 50 * time.Millisecond
 	// replyAllowance is how long past its Timeout an Acquire waits for an
-	// answer that is due before it calls the server silent: issue 25 bounds
+	// answer that is due before it calls the server silent: the godoc bounds
 	// the overrun at 50 ms, and the scheduler takes its share of that.
 	replyAllowance = 30 * time.Millisecond
 )

@@ -81,7 +81,7 @@ const minVoidLife = 15 * time.Second
 const (
 	voidCallTimeout = time.Second
 	voidBackoffMin  = 5 * time.Millisecond
-	voidBackoffMax  = 50 * time.Millisecond // well under the 100ms after a stall by which the keys it left are to be free (issue 25)
+	voidBackoffMax  = 50 * time.Millisecond // well under the 100ms after a stall by which the keys it left are to be free (the outage bound, see ErrNoReply)
 )
 
 // janitor undoes acquires whose outcome is unknown: a script sent, then an

@@ -272,7 +272,7 @@ type mark struct {
 // read of the word observes before it grants the key again, and the grant
 // then travels to the next holder on a channel: what the releaser wrote
 // before Release is visible to the next holder. A released-by-message grant
-// is ordered by the mailbox, as before.
+// is ordered by the mailbox.
 //
 // Invariants (checked by [Table.CheckInvariants]):
 //  1. Every entry in the map is under its own key and its word is free,
@@ -302,7 +302,7 @@ type mark struct {
 // one of the key's permits, and shared holders hold the key together — any
 // number of them when the permit count is 0 (the readers of a read/write
 // lock), at most that many otherwise (a keyed bulkhead). An exclusive
-// waiter takes the whole key, as before. The first shared holder of a key
+// waiter takes the whole key. The first shared holder of a key
 // not held shared sets the count; those admitted beside it share it,
 // whatever count they asked for. Shared holders release by message only
 // (ReleaseHeld): the word of a key held shared is stShared, which no CAS
