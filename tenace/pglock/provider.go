@@ -43,7 +43,7 @@ var ErrPoolExhausted = errors.New("pglock: every connection of the provider is p
 // one server session from lock to unlock, which a pooler in transaction or
 // statement mode does not keep. Connect to the server directly, or, for a
 // pooler in session mode, pass AllowPooler.
-var ErrPooler = errors.New("pglock: the connection goes through a pooler (the backend's process id differs from the one the server reported at connect); session advisory locks need a direct connection: connect to PostgreSQL itself, or pass pglock.AllowPooler() if the pooler runs in session mode")
+var ErrPooler = errors.New("pglock: the connection goes through a pooler, and session advisory locks need one server session; connect to PostgreSQL directly, or pass pglock.AllowPooler() for a pooler in session mode")
 
 // Provider is a tenace.LockProvider on PostgreSQL advisory locks. Create it
 // with New or NewWithConfig; it is safe for concurrent use. Close it when

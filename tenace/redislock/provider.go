@@ -29,7 +29,7 @@ var ErrLeaseLost = tenace.ErrLeaseLost
 // without ContextTimeoutEnabled: such a client ignores ctx deadlines while
 // it waits for a reply, so a stalled server holds Acquire (and Release)
 // until the client's ReadTimeout, whatever the Timeout or ctx deadline.
-var ErrContextTimeoutDisabled = errors.New("redislock: the go-redis client ignores context deadlines (ContextTimeoutEnabled is false), so on a stalled server Acquire's Timeout and ctx deadline wait for the client's ReadTimeout (3s by default); set ContextTimeoutEnabled: true in the client's options")
+var ErrContextTimeoutDisabled = errors.New("redislock: the go-redis client ignores context deadlines, so a stalled server holds Acquire past its Timeout until ReadTimeout; set ContextTimeoutEnabled: true in the client's options")
 
 // Defaults.
 const (
