@@ -9,10 +9,10 @@ PKGS     := ./... ./bench/... ./cmd/tenace/... ./tenace/redislock/... ./tenace/o
 # The distributed providers' tests need redis-server, postgresql with pgbouncer, and
 # etcd: as root with apt-get, make test installs what is missing; otherwise it runs
 # every test it can (the distributed ones skip), then fails with the install line.
-.PHONY: servers test test-busy test-race test-allocs test-verify release-check bench bench-quick bench-ratios fuzz mutants lint cover run
+.PHONY: servers test test-busy test-race test-allocs test-verify test-mutants-apply release-check bench bench-quick bench-ratios fuzz mutants lint cover run
 
 # The parts of make test, in order.
-TEST_PARTS := test-race test-allocs test-verify release-check
+TEST_PARTS := test-race test-allocs test-verify test-mutants-apply release-check
 
 ## test: everything CI checks, on every module. Every part runs, also after
 ## one fails, and a summary ends the output: each part's status and time;
@@ -56,6 +56,13 @@ test-allocs:
 ## test-verify: the lock manager with the table's invariant check after every message
 test-verify:
 	$(GO) test -race -count=1 -tags tenace_verify ./tenace/ ./tenace/shard/
+
+## test-mutants-apply: every mutant patch of scripts/mutants.d still applies to
+## the tree (make mutants runs them; a change to the code they break can stale them)
+test-mutants-apply:
+	@for p in scripts/mutants.d/*.patch; do \
+		git apply --check "$$p" || { echo "$$p no longer applies: regenerate it against the tree (scripts/mutants says how)"; exit 1; }; \
+	done; echo "test-mutants-apply: every mutant patch applies"
 
 ## release-check: the adopter module (scripts/adopter), outside the workspace, builds and tests against the modules zipped as published
 release-check:
