@@ -9,7 +9,7 @@ PKGS     := ./... ./bench/... ./cmd/tenace/... ./tenace/redislock/... ./tenace/o
 # The distributed providers' tests need redis-server, postgresql with pgbouncer, and
 # etcd: as root with apt-get, make test installs what is missing; otherwise it runs
 # every test it can (the distributed ones skip), then fails with the install line.
-.PHONY: servers test test-busy test-race test-allocs test-verify test-mutants-apply release-check bench bench-quick bench-ratios fuzz mutants lint cover run
+.PHONY: servers test test-busy test-race test-allocs test-verify test-mutants-apply release-check bench bench-quick bench-ratios bench-engines fuzz mutants lint cover run
 
 # The parts of make test, in order.
 TEST_PARTS := test-race test-allocs test-verify test-mutants-apply release-check
@@ -91,6 +91,10 @@ fuzz:
 ## bench-ratios: tenace ÷ the semaphore map, interleaved rounds, median ratios against issue 37's targets
 bench-ratios:
 	./scripts/benchratios
+
+## bench-engines: each distributed provider ÷ the hand-written lock on its engine (uncontended) and ÷ the fastest peer (hand-off), median of interleaved rounds, against issue 35's targets
+bench-engines: servers
+	./scripts/engineratios
 
 ## mutants: run the fuzz targets against each deliberately broken lock manager
 mutants:
