@@ -100,24 +100,24 @@ type LockNotAcquiredError struct {
 // Error names the key, how long the Lock waited, who holds the key when
 // the provider said, and what to do about it.
 func (e *LockNotAcquiredError) Error() string {
-	held := ": another call holds it; retry later"
+	why := ": another call holds it; retry later"
 	if e.Holder != nil {
-		held = ": held " + e.heldBy() + "; retry later"
+		why = ": held " + e.whoHolds() + "; retry later"
 	}
 	key := keyfmt.Quote(e.Key)
 	switch {
 	case e.Timeout == NoWait:
-		return "tenace: lock " + key + " not acquired at once (NoWait)" + held + ", or wait with a LockOptions.Timeout"
+		return "tenace: lock " + key + " not acquired at once (NoWait)" + why + ", or wait with a LockOptions.Timeout"
 	case e.Timeout > 0:
-		return "tenace: lock " + key + " not acquired within its " + e.Timeout.String() + " timeout" + held + " or raise LockOptions.Timeout"
+		return "tenace: lock " + key + " not acquired within its " + e.Timeout.String() + " timeout" + why + " or raise LockOptions.Timeout"
 	default:
-		return "tenace: lock " + key + " not acquired" + held
+		return "tenace: lock " + key + " not acquired" + why
 	}
 }
 
-// heldBy says who holds the key and for how long: "by api-7f9c/pid 4127
+// whoHolds says who holds the key and for how long: "by api-7f9c/pid 4127
 // for 3m12s".
-func (e *LockNotAcquiredError) heldBy() string {
+func (e *LockNotAcquiredError) whoHolds() string {
 	s := "by " + keyfmt.Label(e.Holder.Owner)
 	if e.Holder.Owner == "" {
 		s = "by an owner the provider does not name"
