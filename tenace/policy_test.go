@@ -402,9 +402,9 @@ func TestWithTimeoutOnAFakeClock(t *testing.T) {
 
 // Inside fn, the cause of a context that WithTimeout's deadline ended is
 // errors.Is context.DeadlineExceeded, as a context.WithTimeout's is, on the
-// system clock and on a test clock; it names the step. (It was an error
-// that matched nothing, so fn code that checks context.Cause(ctx) for a
-// deadline took the timeout for something else.)
+// system clock and on a test clock; it names the step. (A cause that
+// matched nothing would make fn code that checks context.Cause(ctx) for a
+// deadline take the timeout for something else.)
 func TestTheCauseOfATimeoutIsDeadlineExceeded(t *testing.T) {
 	requireCause := func(t *testing.T, err error) {
 		t.Helper()
