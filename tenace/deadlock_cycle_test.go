@@ -92,7 +92,7 @@ func TestDeadlockCycle(t *testing.T) {
 					require.ErrorAs(t, err, &d)
 					require.Equal(t, tc.cycle, d.Cycle)
 					require.Equal(t, tc.cycle[0], d.Key)
-					require.ErrorContains(t, err, "form a cycle")
+					require.ErrorContains(t, err, "this wait closes the cycle of waits")
 					for _, e := range errs[:last] {
 						require.NoError(t, <-e, "the others go on")
 					}

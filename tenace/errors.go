@@ -20,7 +20,7 @@ var ErrMissingKey = errors.New("tenace: no lock key: set LockOptions.Key, or pas
 // provider is closed, and to every waiter queued when Close was called; the
 // distributed providers (redislock, pglock) return errors wrapping it.
 // Through a Lock it arrives wrapped in an *UnexpectedError.
-var ErrProviderClosed = errors.New("tenace: the lock provider is closed: Close was called on it, and it grants no more locks; acquire from a provider that is open")
+var ErrProviderClosed = errors.New("tenace: the lock provider is closed; acquire from an open provider")
 
 // ErrInvalidOption is wrapped by the errors that report an option out of its
 // range (LockOptions.Timeout below zero other than NoWait, a negative TTL, a
@@ -68,7 +68,7 @@ var ErrAcquireContextTimeout = errors.New("tenace: the Timeout of an AcquireCont
 var ErrNoReply = errors.New("tenace: the lock server did not answer in time")
 
 // errDefaultClose is returned by Close on the default provider.
-var errDefaultClose = errors.New("tenace: DefaultLockProvider() lives as long as the process and cannot be closed; close only providers you created with NewMemoryLockProvider")
+var errDefaultClose = errors.New("tenace: DefaultLockProvider() cannot be closed; close only providers made by NewMemoryLockProvider")
 
 // LockNotAcquiredError is returned, as *LockNotAcquiredError, when a Lock
 // did not get its key within LockOptions.Timeout (or at once with NoWait).

@@ -180,7 +180,7 @@ func refuseShared(provider LockProvider) error {
 	if sp, ok := provider.(SharedLockProvider); ok && sp.SupportsShared() {
 		return nil
 	}
-	return fmt.Errorf("%w: LockOptions.Shared: the lock provider %T does not support shared locks or permits (it does not implement tenace.SharedLockProvider); use a MemoryLockProvider, or take the key exclusive", ErrInvalidOption, provider)
+	return fmt.Errorf("%w: LockOptions.Shared: %T is not a SharedLockProvider; take the key exclusive", ErrInvalidOption, provider)
 }
 
 // validateAcquire is ValidateAcquire. MemoryLockProvider.Acquire repeats
