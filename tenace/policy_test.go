@@ -348,7 +348,7 @@ func TestATimeoutThatEndsTheLockWaitSaysTheWorkDidNotStart(t *testing.T) {
 		require.False(t, ran)
 		require.True(t, te.BeforeFn)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
-		require.EqualError(t, err, `tenace: the work did not start within its 1m0s timeout (key "job-7"): a step inside WithTimeout, such as a lock's wait, took all of it; add WithTimeout before that step so that it bounds the work alone, or raise its duration`)
+		require.EqualError(t, err, `tenace: the work did not start within its 1m0s timeout (key "job-7"); add WithTimeout before the step that waited (a lock), or raise its duration`)
 		require.NoError(t, other.Release(bg))
 		require.Equal(t, 0, p.Size(), "the abandoned wait left nothing behind")
 	})
