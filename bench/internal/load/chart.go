@@ -12,8 +12,8 @@ import (
 // The chart: one column of panels per scenario, one row per measure —
 // throughput, then the acquire latency's p99, p999 and max — each line an
 // implementation across the goroutine counts. It is written as plain SVG
-// so that the tool needs no plotting library (which took most of its
-// first build).
+// so that the tool needs no plotting library (one would take most of its
+// build time).
 
 const (
 	panelW, panelH = 250, 170 // the plotting area of one panel
