@@ -506,7 +506,8 @@ func TestMisusePanicsWithTenacePrefix(t *testing.T) {
 		"nil fn":       func() { _ = pol.Execute(bg, nil) },
 		"nil strategy": func() { pol.With(nil) },
 		// A nil *Lock or *Timeout is a nil strategy too (a variable never
-		// set): it crashed the first Execute with a bare nil dereference.
+		// set): unchecked, it would crash the first Execute with a bare nil
+		// dereference.
 		"nil *Lock":    func() { pol.With((*tenace.Lock)(nil)) },
 		"nil *Timeout": func() { pol.With((*policy.Timeout)(nil)) },
 		"nil *Timeout in a pipeline": func() {
@@ -1015,9 +1016,9 @@ func TestFnsContextEndsWhenItsLeaseExpires(t *testing.T) {
 // Nested Timeout steps: when the outer deadline fires, only the outer step
 // reports a TimeoutError and a timeout event; the inner one, whose own
 // deadline is an hour away, returns its inner steps' error unchanged.
-// (Every Timeout gave its context the same cause, and a context inherits
-// its parent's cause, so the inner step took the outer deadline for its
-// own: a TimeoutError of 1h inside one of 10ms, and two events.)
+// (A context inherits its parent's cause: were the cause the same for every
+// Timeout, the inner step would take the outer deadline for its own, a
+// TimeoutError of 1h inside one of 10ms, and two events.)
 func TestNestedTimeoutsReportOnlyTheDeadlineThatFired(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var rec recorder
