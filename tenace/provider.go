@@ -157,7 +157,7 @@ func validatePermits(what string, shared bool, permits int) error {
 	case permits < 0 || permits > maxPermits:
 		return invalidOption(what+".Permits", permits, "use 0 for any number of shared holders (read/write), or N > 0 for at most N")
 	case permits > 0 && !shared:
-		return invalidOption(what+".Permits", permits, "permits count shared holders: set Shared too (an exclusive holder takes the whole key)")
+		return invalidOption(what+".Permits", permits, "permits count shared holders: set Shared too")
 	}
 	return nil
 }
