@@ -108,8 +108,8 @@ func BenchmarkLock(b *testing.B) {
 // never has: there every goroutine blocks. It shows what the process's
 // other work costs each lock (bench/README.md, "Beside CPU-bound work"),
 // and it is where a lock manager that yields its P or spins would show a
-// jump that the Lock cells do not (Experiments: the shard that yielded
-// before it parked went from 628 to 5,402 ns/op beside 2 of them). ns/op is
+// jump that the Lock cells do not (Experiments: a shard that yields
+// before it parks goes from 628 to 5,402 ns/op beside 2 of them). ns/op is
 // wall time over the lockers' ops.
 func BenchmarkBusy(b *testing.B) {
 	for _, name := range []string{"tenace", "semaphore"} {

@@ -56,7 +56,7 @@ func (e *DeadlockError) Error() string {
 		for i, k := range e.Cycle {
 			q[i] = keyfmt.Quote(k)
 		}
-		return "tenace: deadlock: the waits for locks " + strings.Join(q, " → ") + " form a cycle, and this one was failed to break it; take keys in one order, or as one set (LockOptions.Keys)"
+		return "tenace: deadlock: this wait closes the cycle of waits " + strings.Join(q, " → ") + "; take keys in one order, or as one set (LockOptions.Keys)"
 	}
 	return "tenace: deadlock: this execution already holds lock " + keyfmt.Quote(e.Key) + " and locks are not reentrant; give nested locks distinct keys"
 }

@@ -92,7 +92,7 @@ func TestDeadlockCycle(t *testing.T) {
 					require.ErrorAs(t, err, &d)
 					require.Equal(t, tc.cycle, d.Cycle)
 					require.Equal(t, tc.cycle[0], d.Key)
-					require.ErrorContains(t, err, "form a cycle")
+					require.ErrorContains(t, err, "this wait closes the cycle of waits")
 					for _, e := range errs[:last] {
 						require.NoError(t, <-e, "the others go on")
 					}
@@ -109,7 +109,7 @@ func TestDeadlockNoCycle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := tenace.NewMemoryLockProvider()
 		defer p.Close()
-		held, err := p.Acquire(context.Background(), "k2", tenace.LockAcquireOptions{})
+		blocker, err := p.Acquire(context.Background(), "k2", tenace.LockAcquireOptions{})
 		require.NoError(t, err)
 		holding, proceed := make(chan struct{}, 1), make(chan struct{})
 		errc := holdThenWait(p, tenace.LockOptions{Key: "k1"}, tenace.LockOptions{Key: "k2"}, holding, proceed)
@@ -121,11 +121,11 @@ func TestDeadlockNoCycle(t *testing.T) {
 			t.Fatalf("returned %v while k2 is held", err)
 		default:
 		}
-		require.NoError(t, held.Release(context.Background()))
+		require.NoError(t, blocker.Release(context.Background()))
 		require.NoError(t, <-errc)
 		// A waiter cancelled while it waits leaves the graph: the same
 		// shape again is still no cycle.
-		held, err = p.Acquire(context.Background(), "k2", tenace.LockAcquireOptions{})
+		blocker, err = p.Acquire(context.Background(), "k2", tenace.LockAcquireOptions{})
 		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(context.Background())
 		errc2 := make(chan error, 1)
@@ -137,7 +137,7 @@ func TestDeadlockNoCycle(t *testing.T) {
 		synctest.Wait()
 		cancel()
 		require.True(t, errors.Is(<-errc2, context.Canceled))
-		require.NoError(t, held.Release(context.Background()))
+		require.NoError(t, blocker.Release(context.Background()))
 		require.Zero(t, p.Size())
 	})
 }

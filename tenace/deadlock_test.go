@@ -63,12 +63,12 @@ func TestDeadlockSameExecution(t *testing.T) {
 			require.Equal(t, tenace.EventLockAcquiring, rec.events[0].Name)
 			require.Equal(t, tenace.EventLockDeadlock, rec.events[1].Name)
 			require.ErrorAs(t, rec.events[1].Err, &d)
-			require.Equal(t, countHeld(tc.outer), size, "the inner Lock took nothing")
+			require.Equal(t, keyCount(tc.outer), size, "the inner Lock took nothing")
 		})
 	}
 }
 
-func countHeld(o tenace.LockOptions) int {
+func keyCount(o tenace.LockOptions) int {
 	if len(o.Keys) > 0 {
 		return len(o.Keys)
 	}

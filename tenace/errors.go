@@ -20,7 +20,7 @@ var ErrMissingKey = errors.New("tenace: no lock key: set LockOptions.Key, or pas
 // provider is closed, and to every waiter queued when Close was called; the
 // distributed providers (redislock, pglock) return errors wrapping it.
 // Through a Lock it arrives wrapped in an *UnexpectedError.
-var ErrProviderClosed = errors.New("tenace: the lock provider is closed: Close was called on it, and it grants no more locks; acquire from a provider that is open")
+var ErrProviderClosed = errors.New("tenace: the lock provider is closed; acquire from an open provider")
 
 // ErrInvalidOption is wrapped by the errors that report an option out of its
 // range (LockOptions.Timeout below zero other than NoWait, a negative TTL, a
@@ -68,7 +68,7 @@ var ErrAcquireContextTimeout = errors.New("tenace: the Timeout of an AcquireCont
 var ErrNoReply = errors.New("tenace: the lock server did not answer in time")
 
 // errDefaultClose is returned by Close on the default provider.
-var errDefaultClose = errors.New("tenace: DefaultLockProvider() lives as long as the process and cannot be closed; close only providers you created with NewMemoryLockProvider")
+var errDefaultClose = errors.New("tenace: DefaultLockProvider() cannot be closed; close only providers made by NewMemoryLockProvider")
 
 // LockNotAcquiredError is returned, as *LockNotAcquiredError, when a Lock
 // did not get its key within LockOptions.Timeout (or at once with NoWait).
@@ -100,24 +100,24 @@ type LockNotAcquiredError struct {
 // Error names the key, how long the Lock waited, who holds the key when
 // the provider said, and what to do about it.
 func (e *LockNotAcquiredError) Error() string {
-	held := ": another call holds it; retry later"
+	why := ": another call holds it; retry later"
 	if e.Holder != nil {
-		held = ": held " + e.heldBy() + "; retry later"
+		why = ": held " + e.whoHolds() + "; retry later"
 	}
 	key := keyfmt.Quote(e.Key)
 	switch {
 	case e.Timeout == NoWait:
-		return "tenace: lock " + key + " not acquired at once (NoWait)" + held + ", or wait with a LockOptions.Timeout"
+		return "tenace: lock " + key + " not acquired at once (NoWait)" + why + ", or wait with a LockOptions.Timeout"
 	case e.Timeout > 0:
-		return "tenace: lock " + key + " not acquired within its " + e.Timeout.String() + " timeout" + held + " or raise LockOptions.Timeout"
+		return "tenace: lock " + key + " not acquired within its " + e.Timeout.String() + " timeout" + why + " or raise LockOptions.Timeout"
 	default:
-		return "tenace: lock " + key + " not acquired" + held
+		return "tenace: lock " + key + " not acquired" + why
 	}
 }
 
-// heldBy says who holds the key and for how long: "by api-7f9c/pid 4127
+// whoHolds says who holds the key and for how long: "by api-7f9c/pid 4127
 // for 3m12s".
-func (e *LockNotAcquiredError) heldBy() string {
+func (e *LockNotAcquiredError) whoHolds() string {
 	s := "by " + keyfmt.Label(e.Holder.Owner)
 	if e.Holder.Owner == "" {
 		s = "by an owner the provider does not name"

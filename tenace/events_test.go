@@ -30,8 +30,8 @@ func TestAcquiredAndReleasedCarryWaitHoldAndToken(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := tenace.NewMemoryLockProvider()
 		defer p.Close()
-		held := mustAcquire(t, p, "k")
-		time.AfterFunc(3*time.Second, func() { _ = held.Release(bg) })
+		blocker := mustAcquire(t, p, "k")
+		time.AfterFunc(3*time.Second, func() { _ = blocker.Release(bg) })
 		var rec recorder
 		var token uint64
 		err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"}).OnEvent(rec.on).
@@ -63,8 +63,8 @@ func TestRejectedCarriesItsWaitAndError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := tenace.NewMemoryLockProvider()
 		defer p.Close()
-		held := mustAcquire(t, p, "k")
-		defer func() { _ = held.Release(bg) }()
+		blocker := mustAcquire(t, p, "k")
+		defer func() { _ = blocker.Release(bg) }()
 		var rec recorder
 		err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k", Timeout: 2 * time.Second}).OnEvent(rec.on).
 			Execute(markedCtx(), noop)
@@ -80,8 +80,8 @@ func TestCancelledCarriesTheContextsError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := tenace.NewMemoryLockProvider()
 		defer p.Close()
-		held := mustAcquire(t, p, "k")
-		defer func() { _ = held.Release(bg) }()
+		blocker := mustAcquire(t, p, "k")
+		defer func() { _ = blocker.Release(bg) }()
 		var rec recorder
 		ctx, cancel := context.WithTimeout(markedCtx(), 4*time.Second)
 		defer cancel()

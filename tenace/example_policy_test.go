@@ -140,5 +140,5 @@ func ExampleTimeoutError_beforeFn() {
 	}
 	// Output:
 	// true
-	// tenace: the work did not start within its 10ms timeout (key "reports"): a step inside WithTimeout, such as a lock's wait, took all of it; add WithTimeout before that step so that it bounds the work alone, or raise its duration
+	// tenace: the work did not start within its 10ms timeout (key "reports"); add WithTimeout before the step that waited (a lock), or raise its duration
 }

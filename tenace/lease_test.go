@@ -213,7 +213,7 @@ func TestAcquireContextOnAFakeClock(t *testing.T) {
 
 func TestUnexpectedErrorSaysItsPrefixOnce(t *testing.T) {
 	err := &tenace.UnexpectedError{Err: tenace.ErrProviderClosed}
-	require.Equal(t, "tenace: the lock provider failed, so the work did not run: the lock provider is closed: Close was called on it, and it grants no more locks; acquire from a provider that is open", err.Error())
+	require.Equal(t, "tenace: the lock provider failed, so the work did not run: the lock provider is closed; acquire from an open provider", err.Error())
 	require.ErrorIs(t, err, tenace.ErrProviderClosed)
 }
 

@@ -533,38 +533,38 @@ func (l *Lock) event(name, key string, ctx context.Context) Event {
 	return Event{Name: name, Key: key, Context: ctx, Shared: l.opts.Shared, Permits: l.opts.Permits}
 }
 
-// heldBy records the holder a provider reports through
+// holderWatch records the holder a provider reports through
 // LockAcquireOptions.OnHeld. It is pooled, with its callback made once, so
 // that a Lock with a Timeout costs no allocation for it.
-type heldBy struct {
+type holderWatch struct {
 	info HolderInfo
 	ok   bool
 	fn   func(HolderInfo) // h.see, bound once
 }
 
-var heldByPool = sync.Pool{New: func() any {
-	h := new(heldBy)
+var holderWatchPool = sync.Pool{New: func() any {
+	h := new(holderWatch)
 	h.fn = h.see
 	return h
 }}
 
-func (h *heldBy) see(info HolderInfo) { h.info, h.ok = info, true }
+func (h *holderWatch) see(info HolderInfo) { h.info, h.ok = info, true }
 
 // watchHolder sets opts.OnHeld for an acquire that can be refused (one
 // with a Timeout or NoWait), and returns what take reads it from; nil for
 // one that cannot.
-func watchHolder(opts *LockAcquireOptions) *heldBy {
+func watchHolder(opts *LockAcquireOptions) *holderWatch {
 	if opts.Timeout == 0 {
 		return nil
 	}
-	h := heldByPool.Get().(*heldBy)
+	h := holderWatchPool.Get().(*holderWatch)
 	opts.OnHeld = h.fn
 	return h
 }
 
 // take returns the holder the provider reported, or nil, and pools h: the
 // provider calls OnHeld before its Acquire returns, never after.
-func (h *heldBy) take() *HolderInfo {
+func (h *holderWatch) take() *HolderInfo {
 	if h == nil {
 		return nil
 	}
@@ -574,7 +574,7 @@ func (h *heldBy) take() *HolderInfo {
 		*info = h.info
 	}
 	h.info, h.ok = HolderInfo{}, false
-	heldByPool.Put(h)
+	holderWatchPool.Put(h)
 	return info
 }
 

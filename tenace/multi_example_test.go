@@ -46,11 +46,11 @@ func ExampleAcquireAll() {
 	defer p.Close()
 	ctx := context.Background()
 
-	held, _ := p.Acquire(ctx, "b", tenace.LockAcquireOptions{})
+	blocker, _ := p.Acquire(ctx, "b", tenace.LockAcquireOptions{})
 	set, err := tenace.AcquireAll(ctx, p, []string{"c", "b", "a"}, tenace.LockAcquireOptions{Timeout: tenace.NoWait})
 	fmt.Println("granted:", set != nil, err, "held:", p.Size())
 
-	_ = held.Release(ctx)
+	_ = blocker.Release(ctx)
 	set, _ = tenace.AcquireAll(ctx, p, []string{"c", "b", "a"}, tenace.LockAcquireOptions{Timeout: tenace.NoWait})
 	fmt.Println("granted:", set.Keys(), "held:", p.Size())
 	_ = set.Release(ctx)

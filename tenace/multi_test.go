@@ -96,9 +96,9 @@ func TestAcquireAllAllOrNothing(t *testing.T) {
 			// for "m", and must give "a" back.
 			// NoWait: the subtests share the provider, and one that failed
 			// holding m must not leave the next waiting for it for ever.
-			held, err := p.Acquire(ctx, "m", tenace.LockAcquireOptions{Timeout: tenace.NoWait})
+			blocker, err := p.Acquire(ctx, "m", tenace.LockAcquireOptions{Timeout: tenace.NoWait})
 			require.NoError(t, err)
-			require.NotNil(t, held, "m is free at the start")
+			require.NotNil(t, blocker, "m is free at the start")
 			for _, opts := range []tenace.LockAcquireOptions{{Timeout: tenace.NoWait}, {Timeout: 20 * time.Millisecond}} {
 				l, err := tenace.AcquireAll(ctx, p, []string{"z", "m", "a"}, opts)
 				require.NoError(t, err)
@@ -121,7 +121,7 @@ func TestAcquireAllAllOrNothing(t *testing.T) {
 			requireGivenBack(t, p, "a", "z")
 			require.Equal(t, 1, size(p), "a was given back")
 
-			require.NoError(t, held.Release(ctx))
+			require.NoError(t, blocker.Release(ctx))
 			l, err := tenace.AcquireAll(ctx, p, []string{"z", "m", "a"}, tenace.LockAcquireOptions{Timeout: tenace.NoWait})
 			require.NoError(t, err)
 			require.NotNil(t, l)
@@ -190,9 +190,9 @@ func TestLockKeys(t *testing.T) {
 	require.Equal(t, []string{"lock.acquiring:from,to", "lock.acquired:from,to", "lock.released:from,to"}, rec.names())
 	require.Zero(t, p.Size())
 
-	held, err := p.Acquire(context.Background(), "to", tenace.LockAcquireOptions{})
+	blocker, err := p.Acquire(context.Background(), "to", tenace.LockAcquireOptions{})
 	require.NoError(t, err)
-	defer held.Release(context.Background())
+	defer blocker.Release(context.Background())
 	err = tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Keys: []string{"to", "from"}, Timeout: tenace.NoWait}).Execute(context.Background(), func(context.Context) error { return nil })
 	var na *tenace.LockNotAcquiredError
 	require.ErrorAs(t, err, &na)

@@ -98,7 +98,7 @@ func TestLockNotAcquiredWithinTimeoutReturnsLockNotAcquiredError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := tenace.NewMemoryLockProvider()
 		defer p.Close()
-		held := mustAcquire(t, p, "reports")
+		blocker := mustAcquire(t, p, "reports")
 		var rec recorder
 		ran := false
 		start := time.Now()
@@ -112,14 +112,14 @@ func TestLockNotAcquiredWithinTimeoutReturnsLockNotAcquiredError(t *testing.T) {
 		require.Equal(t, 5*time.Second, time.Since(start))
 		require.False(t, ran)
 		require.Equal(t, []string{"lock.acquiring:reports", "lock.rejected:reports"}, rec.names())
-		require.NoError(t, held.Release(bg))
+		require.NoError(t, blocker.Release(bg))
 		requireIdle(t, p, "reports")
 	})
 }
 
 func TestNoWaitOnAHeldKeyReturnsLockNotAcquiredErrorAtOnce(t *testing.T) {
 	p, _ := newProvider(t)
-	held := mustAcquire(t, p, "k")
+	blocker := mustAcquire(t, p, "k")
 	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Timeout: tenace.NoWait}).
 		Execute(bg, noop, tenace.WithKey("k"))
 	var nae *tenace.LockNotAcquiredError
@@ -128,13 +128,13 @@ func TestNoWaitOnAHeldKeyReturnsLockNotAcquiredErrorAtOnce(t *testing.T) {
 	require.Equal(t, tenace.NoWait, nae.Timeout)
 	require.Contains(t, nae.Error(), "not acquired at once (NoWait)", "it did not wait: no timeout to speak of")
 	require.NotContains(t, nae.Error(), "timeout:")
-	require.NoError(t, held.Release(bg))
+	require.NoError(t, blocker.Release(bg))
 	requireIdle(t, p, "k")
 }
 
 func TestCtxEndingWhileWaitingReturnsCtxErrorAndFnDoesNotRun(t *testing.T) {
 	p, queued := newProvider(t)
-	held := mustAcquire(t, p, "k")
+	blocker := mustAcquire(t, p, "k")
 	var rec recorder
 	ctx, cancel := context.WithCancel(bg)
 	ran := make(chan struct{}, 1)
@@ -151,7 +151,7 @@ func TestCtxEndingWhileWaitingReturnsCtxErrorAndFnDoesNotRun(t *testing.T) {
 	require.False(t, errors.As(err, &nae), "ctx's end is not the lock's timeout")
 	require.Equal(t, []string{"lock.acquiring:k", "lock.cancelled:k"}, rec.names(), "lock.cancelled, not lock.rejected, when ctx ends")
 	require.Len(t, ran, 0)
-	require.NoError(t, held.Release(bg))
+	require.NoError(t, blocker.Release(bg))
 	requireIdle(t, p, "k")
 }
 
@@ -159,12 +159,12 @@ func TestCtxDeadlineWhileWaitingIsDeadlineExceeded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := tenace.NewMemoryLockProvider()
 		defer p.Close()
-		held := mustAcquire(t, p, "k")
+		blocker := mustAcquire(t, p, "k")
 		ctx, cancel := context.WithTimeout(bg, time.Second)
 		defer cancel()
 		err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"}).Execute(ctx, noop)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
-		require.NoError(t, held.Release(bg))
+		require.NoError(t, blocker.Release(bg))
 	})
 }
 
@@ -220,7 +220,7 @@ func TestGrantRacingCtxCancelOnTheMemoryProvider(t *testing.T) {
 	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"})
 	ranAfterCancel := 0
 	for range 500 {
-		held := mustAcquire(t, p, "k")
+		blocker := mustAcquire(t, p, "k")
 		ctx, cancel := context.WithCancel(bg)
 		result := make(chan error, 1)
 		go func() {
@@ -230,7 +230,7 @@ func TestGrantRacingCtxCancelOnTheMemoryProvider(t *testing.T) {
 		}()
 		<-queued
 		go cancel()
-		require.NoError(t, held.Release(bg))
+		require.NoError(t, blocker.Release(bg))
 		err := <-result
 		if err == nil {
 			ranAfterCancel++ // granted before the cancel: fn ran, correctly
@@ -348,7 +348,7 @@ func TestATimeoutThatEndsTheLockWaitSaysTheWorkDidNotStart(t *testing.T) {
 		require.False(t, ran)
 		require.True(t, te.BeforeFn)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
-		require.EqualError(t, err, `tenace: the work did not start within its 1m0s timeout (key "job-7"): a step inside WithTimeout, such as a lock's wait, took all of it; add WithTimeout before that step so that it bounds the work alone, or raise its duration`)
+		require.EqualError(t, err, `tenace: the work did not start within its 1m0s timeout (key "job-7"); add WithTimeout before the step that waited (a lock), or raise its duration`)
 		require.NoError(t, other.Release(bg))
 		require.Equal(t, 0, p.Size(), "the abandoned wait left nothing behind")
 	})
@@ -402,9 +402,9 @@ func TestWithTimeoutOnAFakeClock(t *testing.T) {
 
 // Inside fn, the cause of a context that WithTimeout's deadline ended is
 // errors.Is context.DeadlineExceeded, as a context.WithTimeout's is, on the
-// system clock and on a test clock; it names the step. (It was an error
-// that matched nothing, so fn code that checks context.Cause(ctx) for a
-// deadline took the timeout for something else.)
+// system clock and on a test clock; it names the step. (A cause that
+// matched nothing would make fn code that checks context.Cause(ctx) for a
+// deadline take the timeout for something else.)
 func TestTheCauseOfATimeoutIsDeadlineExceeded(t *testing.T) {
 	requireCause := func(t *testing.T, err error) {
 		t.Helper()
@@ -506,7 +506,8 @@ func TestMisusePanicsWithTenacePrefix(t *testing.T) {
 		"nil fn":       func() { _ = pol.Execute(bg, nil) },
 		"nil strategy": func() { pol.With(nil) },
 		// A nil *Lock or *Timeout is a nil strategy too (a variable never
-		// set): it crashed the first Execute with a bare nil dereference.
+		// set): unchecked, it would crash the first Execute with a bare nil
+		// dereference.
 		"nil *Lock":    func() { pol.With((*tenace.Lock)(nil)) },
 		"nil *Timeout": func() { pol.With((*policy.Timeout)(nil)) },
 		"nil *Timeout in a pipeline": func() {
@@ -585,8 +586,8 @@ func TestTimeoutInsideLockBoundsTheWorkNotTheWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := tenace.NewMemoryLockProvider()
 		defer p.Close()
-		held := mustAcquire(t, p, "k")
-		go func() { time.Sleep(2 * time.Minute); _ = held.Release(bg) }()
+		blocker := mustAcquire(t, p, "k")
+		go func() { time.Sleep(2 * time.Minute); _ = blocker.Release(bg) }()
 		start := time.Now()
 		pol := tenace.NewPolicy().WithTimeout(time.Minute).WithLock(tenace.LockOptions{Provider: p, Key: "k"})
 		err := pol.Execute(bg, func(ctx context.Context) error {
@@ -603,7 +604,7 @@ func TestTimeoutOutsideLockBoundsTheWaitToo(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := tenace.NewMemoryLockProvider()
 		defer p.Close()
-		held := mustAcquire(t, p, "k")
+		blocker := mustAcquire(t, p, "k")
 		ran := false
 		start := time.Now()
 		err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"}).WithTimeout(time.Minute).
@@ -612,7 +613,7 @@ func TestTimeoutOutsideLockBoundsTheWaitToo(t *testing.T) {
 		require.ErrorAs(t, err, &te)
 		require.Equal(t, time.Minute, time.Since(start))
 		require.False(t, ran)
-		require.NoError(t, held.Release(bg))
+		require.NoError(t, blocker.Release(bg))
 		requireIdle(t, p, "k")
 	})
 }
@@ -894,7 +895,7 @@ var bgWithValue context.Context
 func TestDefaultProviderGrantsInArrivalOrderThroughPolicies(t *testing.T) {
 	p, queued := newProvider(t, tenace.WithShards(1))
 	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: "k"})
-	held := mustAcquire(t, p, "k")
+	blocker := mustAcquire(t, p, "k")
 	var order []int
 	results := make([]chan error, 5)
 	for i := range results {
@@ -904,7 +905,7 @@ func TestDefaultProviderGrantsInArrivalOrderThroughPolicies(t *testing.T) {
 		}()
 		<-queued
 	}
-	require.NoError(t, held.Release(bg))
+	require.NoError(t, blocker.Release(bg))
 	for _, r := range results {
 		require.NoError(t, <-r)
 	}
@@ -955,7 +956,7 @@ func TestErrorMessagesCutALongKey(t *testing.T) {
 	long := strings.Repeat("k", 10<<20)
 	want := `"` + strings.Repeat("k", 256) + `"… (10485760 bytes)`
 	p, _ := newProvider(t)
-	held := mustAcquire(t, p, long)
+	blocker := mustAcquire(t, p, long)
 	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Timeout: tenace.NoWait}).Execute(bg, noop, tenace.WithKey(long))
 	var busy *tenace.LockNotAcquiredError
 	require.ErrorAs(t, err, &busy)
@@ -963,7 +964,7 @@ func TestErrorMessagesCutALongKey(t *testing.T) {
 	require.NotNil(t, busy.Holder, "the memory provider names the holder")
 	require.Less(t, len(err.Error())-len(busy.Holder.Owner), 400, "the key cut, beside the holder's name")
 	require.Contains(t, err.Error(), want)
-	require.NoError(t, held.Release(bg))
+	require.NoError(t, blocker.Release(bg))
 
 	te := &tenace.TimeoutError{Timeout: time.Second, Key: long}
 	require.Less(t, len(te.Error()), 400)
@@ -1015,9 +1016,9 @@ func TestFnsContextEndsWhenItsLeaseExpires(t *testing.T) {
 // Nested Timeout steps: when the outer deadline fires, only the outer step
 // reports a TimeoutError and a timeout event; the inner one, whose own
 // deadline is an hour away, returns its inner steps' error unchanged.
-// (Every Timeout gave its context the same cause, and a context inherits
-// its parent's cause, so the inner step took the outer deadline for its
-// own: a TimeoutError of 1h inside one of 10ms, and two events.)
+// (A context inherits its parent's cause: were the cause the same for every
+// Timeout, the inner step would take the outer deadline for its own, a
+// TimeoutError of 1h inside one of 10ms, and two events.)
 func TestNestedTimeoutsReportOnlyTheDeadlineThatFired(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var rec recorder

@@ -157,7 +157,7 @@ func validatePermits(what string, shared bool, permits int) error {
 	case permits < 0 || permits > maxPermits:
 		return invalidOption(what+".Permits", permits, "use 0 for any number of shared holders (read/write), or N > 0 for at most N")
 	case permits > 0 && !shared:
-		return invalidOption(what+".Permits", permits, "permits count shared holders: set Shared too (an exclusive holder takes the whole key)")
+		return invalidOption(what+".Permits", permits, "permits count shared holders: set Shared too")
 	}
 	return nil
 }
@@ -180,7 +180,7 @@ func refuseShared(provider LockProvider) error {
 	if sp, ok := provider.(SharedLockProvider); ok && sp.SupportsShared() {
 		return nil
 	}
-	return fmt.Errorf("%w: LockOptions.Shared: the lock provider %T does not support shared locks or permits (it does not implement tenace.SharedLockProvider); use a MemoryLockProvider, or take the key exclusive", ErrInvalidOption, provider)
+	return fmt.Errorf("%w: LockOptions.Shared: %T is not a SharedLockProvider; take the key exclusive", ErrInvalidOption, provider)
 }
 
 // validateAcquire is ValidateAcquire. MemoryLockProvider.Acquire repeats

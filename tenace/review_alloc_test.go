@@ -23,9 +23,9 @@ func (s setsOnly) AcquireSet(ctx context.Context, keys []string, opts tenace.Loc
 
 // An uncontended Lock with Keys costs the same with deadlock detection on
 // (the memory provider) and off (the same provider behind a wrapper that
-// does not forward its detector), and no more than before the Lock step
-// had a detector: 17 allocations for a set of 3 (AcquireAll and Release of
-// the set 9, the rest the Lock step's and the pipeline's). A detector,
+// does not forward its detector): 17 allocations for a set of 3
+// (AcquireAll and Release of the set 9, the rest the Lock step's and the
+// pipeline's). A detector,
 // which only a wait can need, costs nothing while every key is free: no
 // node, no message, no one-key-at-a-time path; and a provider without one
 // pays nothing for it.

@@ -19,9 +19,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // WithTimeoutCause on a test clock ends its context as
 // context.WithTimeoutCause does: with a nil cause the cause is
 // context.DeadlineExceeded, and a d that is not positive has passed
-// already. (With a nil cause, Err reported context.DeadlineExceeded from
-// the start, Done still open, and context.Canceled once the clock fired; a
-// d that was not positive waited for the clock's next Advance.)
+// already. (What it rules out: with a nil cause, Err reporting
+// context.DeadlineExceeded from the start with Done still open, and
+// context.Canceled once the clock fires; a d that is not positive waiting
+// for the clock's next Advance.)
 func TestWithTimeoutCauseOnAClockIsTheStandardLibrarys(t *testing.T) {
 	errMine := errors.New("mine")
 	for _, c := range []struct {

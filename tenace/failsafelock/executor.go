@@ -115,7 +115,7 @@ func failure[R any](err error) *common.PolicyResult[R] {
 // execution's attempts, retries, hedges and last result, which fn and the
 // inner policies read. What it cannot mirror — StartTime and Executions,
 // which count from the grant, and the outer execution's Executions, which
-// no longer counts the runs under the lock — the package documentation
+// does not count the runs under the lock — the package documentation
 // states.
 func runHeld[R any](held context.Context, outer policy.ExecutionInternal[R], innerFn func(failsafe.Execution[R]) *common.PolicyResult[R]) *common.PolicyResult[R] {
 	var result *common.PolicyResult[R]

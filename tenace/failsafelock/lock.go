@@ -212,7 +212,7 @@ var errMissingKey error = missingKeyError{}
 type missingKeyError struct{}
 
 func (missingKeyError) Error() string {
-	return "tenace: failsafelock: no lock key: set LockOptions.Key, run the executor WithContext(failsafelock.WithKey(ctx, key)), or give the builder WithKeyFunc"
+	return "tenace: failsafelock: no lock key; set LockOptions.Key, WithKeyFunc, or failsafelock.WithKey(ctx, key)"
 }
 
 func (missingKeyError) Is(target error) bool { return target == tenace.ErrMissingKey }

@@ -98,7 +98,7 @@ func WithTimeout(d time.Duration) Option {
 // package documentation). It panics if inspector is nil.
 func Handler(inspector tenace.Inspector, opts ...Option) http.Handler {
 	if inspector == nil {
-		panic("tenace: lockhttp.Handler: nil inspector: pass a provider that implements tenace.Inspector, such as a *tenace.MemoryLockProvider")
+		panic("tenace: lockhttp.Handler: nil inspector; pass a tenace.Inspector, such as a *tenace.MemoryLockProvider")
 	}
 	cfg := config{refresh: DefaultRefresh, limit: DefaultLimit, timeout: DefaultTimeout}
 	for _, o := range opts {

@@ -332,9 +332,9 @@ func (p *refProvider) Acquire(ctx context.Context, key string, opts tenace.LockA
 			// which takes CancelRacingGrant, the one subtest run with this
 			// provider, a few seconds before it fails). A ctx that ended
 			// meanwhile drops the grant instead of releasing it. Without
-			// the wait the window was the few instructions between mem's
-			// return and the check, which a busy machine missed in 19 runs
-			// of 20.
+			// the wait the window would be the few instructions between
+			// mem's return and the check, which a busy machine misses in 19
+			// runs of 20.
 			timer := time.NewTimer(time.Second)
 			select {
 			case <-ctx.Done():

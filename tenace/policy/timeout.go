@@ -41,7 +41,7 @@ func (e *TimeoutError) Error() string {
 		key = " (key " + keyfmt.Quote(e.Key) + ")"
 	}
 	if e.BeforeFn {
-		return fmt.Sprintf("tenace: the work did not start within its %v timeout%s: a step inside WithTimeout, such as a lock's wait, took all of it; add WithTimeout before that step so that it bounds the work alone, or raise its duration", e.Timeout, key)
+		return fmt.Sprintf("tenace: the work did not start within its %v timeout%s; add WithTimeout before the step that waited (a lock), or raise its duration", e.Timeout, key)
 	}
 	return fmt.Sprintf("tenace: the work did not finish within its %v timeout%s; raise WithTimeout's duration or make the work faster", e.Timeout, key)
 }

@@ -12,8 +12,8 @@ import (
 // The chart: one column of panels per scenario, one row per measure —
 // throughput, then the acquire latency's p99, p999 and max — each line an
 // implementation across the goroutine counts. It is written as plain SVG
-// so that the tool needs no plotting library (which took most of its
-// first build).
+// so that the tool needs no plotting library (one would take most of its
+// build time).
 
 const (
 	panelW, panelH = 250, 170 // the plotting area of one panel
@@ -47,24 +47,8 @@ var measureRows = []measureRow{
 
 // chartSVG draws rs.
 func chartSVG(rs []result) []byte {
-	var scs, names []string
-	var gs []int
-	for _, r := range rs {
-		if !slices.Contains(scs, r.Scenario) {
-			scs = append(scs, r.Scenario)
-		}
-		if !slices.Contains(names, r.Impl) {
-			names = append(names, r.Impl)
-		}
-		if !slices.Contains(gs, r.Goroutines) {
-			gs = append(gs, r.Goroutines)
-		}
-	}
-	slices.Sort(gs)
-	floorRate := 0.0
-	if len(rs) > 0 && rs[0].Floor > 0 && slices.ContainsFunc(rs, func(r result) bool { return r.Family == "memory" }) {
-		floorRate = 1 / rs[0].Floor.Seconds()
-	}
+	scs, names, gs := chartAxes(rs)
+	floorRate := floorRateOf(rs)
 	W := padL + len(scs)*panelW + (len(scs)-1)*gapX + padR + legendW
 	H := padT + len(measureRows)*panelH + (len(measureRows)-1)*gapY + padB
 	var b strings.Builder
@@ -86,23 +70,11 @@ func chartSVG(rs []result) []byte {
 		text(&b, x0+panelW/2, padT-12, t, `text-anchor="middle" font-weight="bold" font-size="13"`)
 		for row, m := range measureRows {
 			y0 := padT + row*(panelH+gapY)
-			var lines []series
-			for i, name := range names {
-				s := series{name: name, color: palette[i%len(palette)], base: isBase(name)}
-				for _, r := range rs {
-					if r.Impl == name && r.Scenario == sc {
-						if v := m.value(r); v > 0 {
-							s.pts = append(s.pts, point{slices.Index(gs, r.Goroutines), v})
-						}
-					}
-				}
-				lines = append(lines, s)
-			}
 			ref := 0.0
 			if row == 0 {
 				ref = floorRate
 			}
-			panel(&b, x0, y0, gs, lines, m, ref, row == len(measureRows)-1)
+			panel(&b, x0, y0, gs, seriesOf(rs, names, gs, sc, m), m, ref, row == len(measureRows)-1)
 			if col == 0 {
 				for i, l := range strings.Split(m.title, "\n") {
 					attrs := `text-anchor="middle" font-weight="bold"`
@@ -150,6 +122,54 @@ func chartSVG(rs []result) []byte {
 	return []byte(b.String())
 }
 
+// chartAxes returns what the chart's axes run over: the scenarios (its
+// columns) and the implementations (its lines), each in the order of their
+// first result, and the goroutine counts (each panel's x axis), ascending.
+func chartAxes(rs []result) (scenarios, impls []string, gs []int) {
+	for _, r := range rs {
+		if !slices.Contains(scenarios, r.Scenario) {
+			scenarios = append(scenarios, r.Scenario)
+		}
+		if !slices.Contains(impls, r.Impl) {
+			impls = append(impls, r.Impl)
+		}
+		if !slices.Contains(gs, r.Goroutines) {
+			gs = append(gs, r.Goroutines)
+		}
+	}
+	slices.Sort(gs)
+	return scenarios, impls, gs
+}
+
+// floorRateOf is the throughput of the floor (one channel round trip per
+// operation), drawn on the throughput panels; 0 when no in-process cell
+// ran, as the floor bounds only those.
+func floorRateOf(rs []result) float64 {
+	if len(rs) > 0 && rs[0].Floor > 0 && slices.ContainsFunc(rs, func(r result) bool { return r.Family == "memory" }) {
+		return 1 / rs[0].Floor.Seconds()
+	}
+	return 0
+}
+
+// seriesOf returns one line per implementation in impls for scenario sc's
+// panel of measure m: a point per goroutine count (an index into gs) whose
+// value is positive.
+func seriesOf(rs []result, impls []string, gs []int, sc string, m measureRow) []series {
+	var lines []series
+	for i, name := range impls {
+		s := series{name: name, color: palette[i%len(palette)], base: isBase(name)}
+		for _, r := range rs {
+			if r.Impl == name && r.Scenario == sc {
+				if v := m.value(r); v > 0 {
+					s.pts = append(s.pts, point{slices.Index(gs, r.Goroutines), v})
+				}
+			}
+		}
+		lines = append(lines, s)
+	}
+	return lines
+}
+
 type point struct {
 	x int // index into the goroutine counts
 	y float64
@@ -176,27 +196,7 @@ func panel(b *strings.Builder, x0, y0 int, gs []int, lines []series, m measureRo
 	if hi == 0 {
 		return
 	}
-	log := m.latency || hi/lo > 200 // one linear axis cannot show both ends
-	var ticks []float64
-	var ymin, ymax float64
-	if log {
-		ymin, ymax = math.Floor(math.Log10(lo)), math.Ceil(math.Log10(hi))
-		if ymax == ymin {
-			ymax++
-		}
-		for e := ymin; e <= ymax; e++ {
-			ticks = append(ticks, math.Pow(10, e))
-			if ymax-ymin <= 2 && e < ymax { // few decades: 2 and 5 too
-				ticks = append(ticks, 2*math.Pow(10, e), 5*math.Pow(10, e))
-			}
-		}
-	} else {
-		step := niceStep(hi * 1.1 / 5)
-		ymax = math.Ceil(hi*1.1/step) * step
-		for v := 0.0; v <= ymax+step/2; v += step {
-			ticks = append(ticks, v)
-		}
-	}
+	ticks, ymin, ymax, log := yAxis(lo, hi, m.latency)
 	yOf := func(v float64) float64 {
 		if log {
 			return float64(y0+panelH) - (math.Log10(v)-ymin)/(ymax-ymin)*panelH
@@ -249,6 +249,33 @@ func panel(b *strings.Builder, x0, y0 int, gs []int, lines []series, m measureRo
 				xOf(p.x), yOf(p.y), s.color, html.EscapeString(s.name), gs[p.x], html.EscapeString(valueLabel(m, p.y)))
 		}
 	}
+}
+
+// yAxis returns the y axis of a panel whose values run from lo to hi (hi
+// > 0): whether it is logarithmic (a latency's always, a throughput's when
+// one linear axis cannot show both ends), its range (in decades when log)
+// and its ticks.
+func yAxis(lo, hi float64, latency bool) (ticks []float64, ymin, ymax float64, log bool) {
+	log = latency || hi/lo > 200
+	if log {
+		ymin, ymax = math.Floor(math.Log10(lo)), math.Ceil(math.Log10(hi))
+		if ymax == ymin {
+			ymax++
+		}
+		for e := ymin; e <= ymax; e++ {
+			ticks = append(ticks, math.Pow(10, e))
+			if ymax-ymin <= 2 && e < ymax { // few decades: 2 and 5 too
+				ticks = append(ticks, 2*math.Pow(10, e), 5*math.Pow(10, e))
+			}
+		}
+		return ticks, ymin, ymax, log
+	}
+	step := niceStep(hi * 1.1 / 5)
+	ymax = math.Ceil(hi*1.1/step) * step
+	for v := 0.0; v <= ymax+step/2; v += step {
+		ticks = append(ticks, v)
+	}
+	return ticks, ymin, ymax, log
 }
 
 func valueLabel(m measureRow, v float64) string {

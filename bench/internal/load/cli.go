@@ -223,7 +223,7 @@ func parseProviders(providers string, famNames []string) ([]*Family, error) {
 		case f == nil && slices.Contains(elsewhere, name) && len(families) > 1:
 			return nil, fmt.Errorf("-providers %s: no %s family is registered in this tool yet", name, name)
 		case f == nil && slices.Contains(elsewhere, name):
-			return nil, fmt.Errorf("-providers %s: the distributed providers are in a command of their own, so that this one compiles in seconds: go run ./bench/all -providers %s", name, providers)
+			return nil, fmt.Errorf("-providers %s: not built into this command; run go run ./bench/all -providers %s", name, providers)
 		case f == nil:
 			return nil, fmt.Errorf("-providers: unknown provider %q (known: %s)", name, strings.Join(famNames, ", "))
 		case slices.Contains(fams, f):
@@ -259,7 +259,7 @@ func withOtel(impl string, implSet bool, fams []*Family) (string, error) {
 	mem := slices.ContainsFunc(fams, func(f *Family) bool { return f.Name == "memory" })
 	switch {
 	case family("memory").impl(otelImpl) == nil:
-		return "", fmt.Errorf("-otel: the OpenTelemetry listener is in go run ./bench/all -otel, so that this command compiles in seconds")
+		return "", fmt.Errorf("-otel: not built into this command; run go run ./bench/all -otel")
 	case !mem:
 		return "", fmt.Errorf("-otel goes with -providers memory")
 	case !implSet:

@@ -139,12 +139,10 @@ func measureFloor() time.Duration {
 	return best
 }
 
-// measure runs c's scenario on l for c.Duration and measures it.
-func measure(l Locker, c cell, progress io.Writer, label string) (result, error) {
-	ws := NewWorkers(c.Scenario, c.Goroutines, c.Keys)
-
-	// One counter per key, aligned with each Worker's sequence, for the
-	// holders-inside check.
+// insideCounters returns one counter per key, aligned with each Worker's
+// sequence (inside[i][j] counts the holders of ws[i]'s j-th key), for the
+// holders-inside check: Workers that lock one key share its counter.
+func insideCounters(ws []*Worker) [][]*atomic.Int32 {
 	counters := map[string]*atomic.Int32{}
 	inside := make([][]*atomic.Int32, len(ws))
 	for i, w := range ws {
@@ -156,6 +154,13 @@ func measure(l Locker, c cell, progress io.Writer, label string) (result, error)
 			inside[i][j] = counters[k]
 		}
 	}
+	return inside
+}
+
+// measure runs c's scenario on l for c.Duration and measures it.
+func measure(l Locker, c cell, progress io.Writer, label string) (result, error) {
+	ws := NewWorkers(c.Scenario, c.Goroutines, c.Keys)
+	inside := insideCounters(ws)
 
 	var (
 		stop      atomic.Bool

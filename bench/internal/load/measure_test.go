@@ -69,3 +69,17 @@ func (f lockerFunc) Do(ctx context.Context, key string, fn func(context.Context)
 }
 func (lockerFunc) TakesContext() bool { return true }
 func (lockerFunc) Close()             {}
+
+// The holders-inside check counts per key: every Worker that locks a key
+// shares its counter, and each position of a Worker's sequence has the
+// counter of the key there.
+func TestInsideCountersAreOnePerKey(t *testing.T) {
+	ws := []*Worker{{keys: []string{"a", "b", "a"}}, {keys: []string{"b", "c"}}}
+	inside := insideCounters(ws)
+	require.Len(t, inside, 2)
+	require.Same(t, inside[0][0], inside[0][2], "a")
+	require.Same(t, inside[0][1], inside[1][0], "b")
+	require.NotSame(t, inside[0][0], inside[0][1])
+	require.NotSame(t, inside[1][1], inside[0][0])
+	require.NotSame(t, inside[1][1], inside[0][1])
+}

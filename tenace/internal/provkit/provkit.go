@@ -94,7 +94,7 @@ func AwaitDeadline(ctx context.Context) {
 // OutcomeWait bounds AwaitDeadline: only against a context that never
 // reports its deadline. The timer that ends a context fires within
 // microseconds, or as soon as the scheduler runs it on a loaded machine
-// (20ms was not enough under -race beside other work).
+// (under -race beside other work, later than 20ms).
 const OutcomeWait = time.Second
 
 // CleanupTimeout bounds a call a provider makes on a context that is not
