@@ -13,7 +13,7 @@
 //	                                           └────────────┬─────────────┘
 //	waiter's reply chan (buffer 1) ◄──── grant / refused / cancelled / closed
 //
-//	Release(k), nobody waiting: CAS k's word held(t) → free; the shard
+//	Release(k), nobody waiting: CAS k's word heldWord(t) → free; the shard
 //	sweeps free entries once 64, and as many as are held, wait
 //
 // Each shard goroutine alone owns its Table: the holders and FIFO wait

@@ -42,9 +42,9 @@ const (
 	gaveUpTimeout
 )
 
-// reply is 16 bytes: a waiter's channel, a 112-byte header (Go 1.26's
-// runtime) and a buffer of one, takes the 128-byte size class, as it would
-// with an 8-byte reply. A grant's token and entry are in the Grant it
+// reply is 16 bytes: a waiter's channel, the runtime's channel header
+// (112 bytes on amd64) and a buffer of one, takes the 128-byte size class,
+// as it would with an 8-byte reply. A grant's token and entry are in the Grant it
 // points to, which the shard filled in before sending.
 type reply struct {
 	kind  replyKind
@@ -125,12 +125,12 @@ type Grant struct {
 }
 
 // grantSlab is how many Grants the shard allocates at once (24 bytes
-// each: 1,536 bytes a slab). A lease that was an allocation of its own per
-// acquire cost about a sixth of an uncontended acquire+release
-// (bench/README.md: the miniature, and Experiments, "Grant slabs"), about
-// half of it the allocation's call, half the collector's work for the
-// bytes; so a Grant keeps no released flag either: a second Release finds
-// its grant no longer current instead.
+// each: 1,536 bytes a slab). An allocation per grant costs about a sixth
+// of an uncontended acquire+release (bench/README.md: the miniature, and
+// Experiments, "Grant slabs"), about half of it the allocation's call,
+// half the collector's work for the bytes; a Grant keeps no released flag
+// either, for the same reason: a second Release finds its grant no longer
+// current instead.
 const grantSlab = 64
 
 // Token is the grant's token: strictly increasing per key, grant after

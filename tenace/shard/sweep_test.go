@@ -44,7 +44,7 @@ func acquireOrPanic(s *Shard, key string) *Grant {
 // requireNoSweepDue checks an idle shard: no sweep is due.
 func requireNoSweepDue(t *testing.T, s *Shard) {
 	t.Helper()
-	held, mapped := s.table.held.Load(), s.table.mapped.Load()
+	held, mapped := s.table.heldKeys.Load(), s.table.mapped.Load()
 	require.False(t, reapDue(mapped, held), "idle shard left with %d entries, %d held", mapped, held)
 }
 
@@ -60,7 +60,7 @@ func TestAnIdleShardIsNeverLeftWithASweepDue(t *testing.T) {
 			acquireOrPanic(s, key).Release()
 		}
 	}, func(t *testing.T, s *Shard) {
-		require.Zero(t, s.table.held.Load())
+		require.Zero(t, s.table.heldKeys.Load())
 		requireNoSweepDue(t, s)
 	})
 }

@@ -54,7 +54,7 @@ type Waiter[T any] struct {
 	Value T
 
 	token      uint64
-	lock       *entry[T]  // the key's entry, once queued or granted
+	entry      *entry[T]  // the key's entry, once queued or granted
 	prev, next *Waiter[T] // queue links; once granted, next is Also's link
 	state      State
 	shared     bool  // asks for the key shared (see SetShared)
@@ -130,7 +130,7 @@ func (w *Waiter[T]) State() State { return w.state }
 // Held is what the holder of a grant keeps to release it: see
 // [Table.ReleaseByCAS]. Its zero value holds nothing.
 type Held[T any] struct {
-	lock  *entry[T]
+	entry *entry[T]
 	token uint64
 }
 
@@ -140,9 +140,9 @@ type Held[T any] struct {
 // it (a copy released again would give back a second permit).
 func (w *Waiter[T]) Held() Held[T] {
 	if w.shared {
-		return Held[T]{lock: w.lock, token: w.token | sharedBit}
+		return Held[T]{entry: w.entry, token: w.token | sharedBit}
 	}
-	return Held[T]{lock: w.lock, token: w.token}
+	return Held[T]{entry: w.entry, token: w.token}
 }
 
 // Token is the grant's token.
@@ -161,11 +161,11 @@ const sharedBit = 1 << 63
 // An entry's state word, the one field of the table that goroutines other
 // than the owner touch (see Table, "Release by compare-and-swap"):
 //
-//	stFree          0          nobody holds the key; only the owner moves an entry out of free
-//	stDead          1          the entry left the table (reaped, drained, or spare)
-//	held(t)         t<<1       grant t holds the key and nobody waits: its holder may CAS it to free
-//	contended(t)    t<<1 | 1   grant t holds the key and waiters may queue: only a message frees it
-//	stShared        all ones   shared holders (entry.shared of them) hold the key: only messages free it
+//	stFree              0          nobody holds the key; only the owner moves an entry out of free
+//	stDead              1          the entry left the table (reaped, drained, or spare)
+//	heldWord(t)         t<<1       grant t holds the key and nobody waits: its holder may CAS it to free
+//	contendedWord(t)    t<<1 | 1   grant t holds the key and waiters may queue: only a message frees it
+//	stShared            all ones   shared holders (entry.shared of them) hold the key: only messages free it
 //
 // Tokens start at 1 and stay below 2^62, so no held or contended word equals
 // stFree, stDead or stShared; stShared has the contended bit, so no
@@ -176,10 +176,10 @@ const (
 	stShared uint64 = ^uint64(0)
 )
 
-func held(token uint64) uint64      { return token << 1 }
-func contended(token uint64) uint64 { return token<<1 | 1 }
-func tokenOfWord(s uint64) uint64   { return s >> 1 }
-func isContended(s uint64) bool     { return s&1 == 1 && s != stDead }
+func heldWord(token uint64) uint64      { return token << 1 }
+func contendedWord(token uint64) uint64 { return token<<1 | 1 }
+func tokenOfWord(s uint64) uint64       { return s >> 1 }
+func isContended(s uint64) bool         { return s&1 == 1 && s != stDead }
 
 // isCurrent reports whether word s is held by grant token: held or
 // contended, with that token.
@@ -234,21 +234,21 @@ type mark struct {
 //
 // # Release by compare-and-swap
 //
-// Each entry has an atomic state word: free, held(t), or contended(t) (t is
-// the grant's token). Only the owner moves an entry out of free (a grant),
-// and only the owner sets the contended bit, in the same step in which it
-// queues the first waiter. The holder of grant t releases with one
-// compare-and-swap held(t) → free; when that fails — the word is
-// contended(t): someone waits — it sends the release as a message instead,
-// and the owner hands the key on in FIFO order. The swap is tried once and
+// Each entry has an atomic state word: free, heldWord(t), or
+// contendedWord(t) (t is the grant's token). Only the owner moves an entry
+// out of free (a grant), and only the owner sets the contended bit, in the
+// same step in which it queues the first waiter. The holder of grant t
+// releases with one compare-and-swap heldWord(t) → free; when that fails —
+// the word is contendedWord(t): someone waits — it sends the release as a
+// message instead, and the owner hands the key on in FIFO order. The swap is tried once and
 // never looped on: it is not a lock, and the owner alone still decides who
 // is granted. The owner never waits on a releaser and a releaser never waits
 // on the owner.
 //
 // Why a CAS cannot overtake a waiter: the CAS succeeds only on a word
 // without the contended bit, and the owner sets the bit before it queues
-// anyone. If the owner's own CAS held(t) → contended(t) fails, the holder
-// has just freed the key, and the owner grants the arriving waiter at once,
+// anyone. If the owner's own CAS heldWord(t) → contendedWord(t) fails, the
+// holder has just freed the key, and the owner grants the arriving waiter at once,
 // as if its acquire had come after the release — which it did, in the order
 // of the word's modifications.
 //
@@ -276,8 +276,8 @@ type mark struct {
 //
 // Invariants (checked by [Table.CheckInvariants]):
 //  1. Every entry in the map is under its own key and its word is free,
-//     held(t) or contended(t), never dead. A key is held iff its entry's
-//     word is held or contended; Len counts them. A free entry has no
+//     heldWord(t) or contendedWord(t), never dead. A key is held iff its
+//     entry's word is held or contended; Len counts them. A free entry has no
 //     waiters: it is waiting only for Reap. An idle table that Reap got
 //     through is empty. The entry list holds exactly the map's entries,
 //     each at its own index.
@@ -334,8 +334,8 @@ type mark struct {
 //     what that waiter would have got had the cancel come first.
 type Table[T any] struct {
 	// Touched by releasers too (atomics only).
-	held   atomic.Int64 // keys held: words held or contended
-	mapped atomic.Int64 // entries in the map, as the owner last published it
+	heldKeys atomic.Int64 // keys held: words held or contended
+	mapped   atomic.Int64 // entries in the map, as the owner last published it
 
 	// Owned by the table's owner.
 	entries map[string]*entry[T]
@@ -383,7 +383,7 @@ const (
 
 func (t *Table[T]) arrive(w *Waiter[T]) {
 	t.last++
-	w.token, w.lock, w.prev, w.next, w.seen = t.last, nil, nil, nil, seenNone
+	w.token, w.entry, w.prev, w.next, w.seen = t.last, nil, nil, nil, seenNone
 }
 
 // Acquire hands w to the table for key. If key is free, w is granted at once
@@ -403,7 +403,7 @@ func (t *Table[T]) Acquire(key string, w *Waiter[T]) (granted bool) {
 		t.grantFree(e, s, w)
 		return true
 	}
-	if e.head == nil && !isContended(s) && !e.state.CompareAndSwap(s, contended(tokenOfWord(s))) {
+	if e.head == nil && !isContended(s) && !e.state.CompareAndSwap(s, contendedWord(tokenOfWord(s))) {
 		// The holder freed the key by CAS since the Load: grant w, as
 		// the release came first in the word's order.
 		t.grantFree(e, stFree, w)
@@ -411,7 +411,7 @@ func (t *Table[T]) Acquire(key string, w *Waiter[T]) (granted bool) {
 	}
 	// The word is contended now: the holder's CAS fails from here on, and
 	// its release comes as a message.
-	w.state, w.lock, w.since = Queued, e, t.now
+	w.state, w.entry, w.since = Queued, e, t.now
 	if e.tail == nil {
 		e.head = w
 	} else {
@@ -461,7 +461,7 @@ func (t *Table[T]) grantNew(key string, w *Waiter[T]) {
 // nobody waits before: a free key, or one more shared holder.
 func (t *Table[T]) grantFree(e *entry[T], s uint64, w *Waiter[T]) {
 	if s == stFree {
-		t.held.Add(1)
+		t.heldKeys.Add(1)
 	}
 	t.grant(e, w, s != stShared)
 }
@@ -485,13 +485,13 @@ func (t *Table[T]) grant(e *entry[T], w *Waiter[T], vacant bool) {
 		t.sharedHolders++
 		e.readers = append(e.readers, mark{token: w.token, label: w.label, since: t.now})
 	case e.head == nil:
-		e.state.Store(held(w.token))
+		e.state.Store(heldWord(w.token))
 		e.label, e.since = w.label, t.now
 	default:
-		e.state.Store(contended(w.token))
+		e.state.Store(contendedWord(w.token))
 		e.label, e.since = w.label, t.now
 	}
-	w.state, w.lock = Granted, e
+	w.state, w.entry = Granted, e
 }
 
 // admits reports whether e, whose word is s, can take w now, had w nobody
@@ -506,7 +506,7 @@ func admits[T any](e *entry[T], s uint64, w *Waiter[T]) bool {
 }
 
 // ReleaseByCAS is the holder's release of h, from any goroutine: one
-// compare-and-swap held(token) → free (a second try of the same grant
+// compare-and-swap heldWord(token) → free (a second try of the same grant
 // fails: tokens are never reused). It reports true when that freed the
 // key, and then reap reports that a sweep is due (see ReapDue): the caller
 // should wake the owner. It reports false when the key has waiters (or the
@@ -519,10 +519,10 @@ func admits[T any](e *entry[T], s uint64, w *Waiter[T]) bool {
 // that includes this release (the decrement came before the read). Each
 // atomic is used once, never looped on.
 func (t *Table[T]) ReleaseByCAS(h *Held[T]) (released, reap bool) {
-	if h.token&sharedBit != 0 || h.lock == nil || !h.lock.state.CompareAndSwap(held(h.token), stFree) {
+	if h.token&sharedBit != 0 || h.entry == nil || !h.entry.state.CompareAndSwap(heldWord(h.token), stFree) {
 		return false, false
 	}
-	n := t.held.Add(-1)
+	n := t.heldKeys.Add(-1)
 	return true, reapDue(t.mapped.Load(), n)
 }
 
@@ -567,7 +567,7 @@ func (t *Table[T]) Tidy() {
 // sweeps keep its entry, and walks at most twice the entries a sweep
 // frees. It costs one atomic load.
 func (t *Table[T]) ReapDue() bool {
-	return reapDue(int64(len(t.all)), t.held.Load())
+	return reapDue(int64(len(t.all)), t.heldKeys.Load())
 }
 
 // shrink rebuilds the map, the entry list and the queue-length counts when
@@ -626,7 +626,7 @@ func (t *Table[T]) recycle(e *entry[T]) {
 // the owner keeps the one *Held of each shared grant), and next is the
 // first of the waiters that admitted, in order (see [Waiter.Also]).
 func (t *Table[T]) ReleaseHeld(h *Held[T]) (released bool, next *Waiter[T]) {
-	e := h.lock
+	e := h.entry
 	if e == nil {
 		return false, nil
 	}
@@ -635,7 +635,7 @@ func (t *Table[T]) ReleaseHeld(h *Held[T]) (released bool, next *Waiter[T]) {
 		if s != stShared {
 			return false, nil // drained
 		}
-		h.lock = nil
+		h.entry = nil
 		return true, t.leaveShared(e, h.Token())
 	}
 	if !isCurrent(s, h.token) {
@@ -687,7 +687,7 @@ func (t *Table[T]) handOn(e *entry[T], s uint64, vacant bool) *Waiter[T] {
 		// CAS at this moment only if it is releasing twice; if it did, the
 		// key is free and Reap deletes it.
 		if e.state.CompareAndSwap(s, stDead) {
-			t.held.Add(-1)
+			t.heldKeys.Add(-1)
 			t.remove(e)
 		}
 		return nil
@@ -779,7 +779,7 @@ func (t *Table[T]) Cancel(w *Waiter[T]) (removed bool, next *Waiter[T]) {
 	switch w.state {
 	case Queued:
 		w.state = Cancelled
-		e := w.lock
+		e := w.entry
 		t.unlink(e, w)
 		see(e, w)
 		s := e.state.Load()
@@ -789,11 +789,11 @@ func (t *Table[T]) Cancel(w *Waiter[T]) (removed bool, next *Waiter[T]) {
 		}
 		if e.head == nil {
 			// A plain store: nobody but the owner writes a contended word.
-			e.state.Store(held(tokenOfWord(s)))
+			e.state.Store(heldWord(tokenOfWord(s)))
 		}
 		return true, nil
 	case Granted:
-		e := w.lock
+		e := w.entry
 		if e == nil {
 			break
 		}
@@ -835,7 +835,7 @@ func (t *Table[T]) SetNow(now int64) { t.now = now }
 // Len is the number of keys held or waited for (a key with waiters is
 // held). It is exact at once after a release by CAS, and safe to call from
 // any goroutine.
-func (t *Table[T]) Len() int { return int(t.held.Load()) }
+func (t *Table[T]) Len() int { return int(t.heldKeys.Load()) }
 
 // Entries is the number of entries in the map: the keys held, plus keys
 // freed by CAS that Reap has not deleted yet.
@@ -855,9 +855,10 @@ func (t *Table[T]) SharedStats() (keys, holders, waiting int) {
 	return t.sharedKeys, t.sharedHolders, t.sharedWaiting
 }
 
-// Holder returns the token of key's current exclusive grant; 0 and true
-// when shared holders hold it (see Shared).
-func (t *Table[T]) Holder(key string) (token uint64, held bool) {
+// Holder returns the token of key's current exclusive grant, and ok true
+// when key is held: 0 and true when shared holders hold it (see Shared), 0
+// and false when nobody does.
+func (t *Table[T]) Holder(key string) (token uint64, ok bool) {
 	e := t.entries[key]
 	if e == nil {
 		return 0, false
@@ -911,7 +912,7 @@ func (t *Table[T]) Drain() []*Waiter[T] {
 		// Swap, not Store: whichever of this and a holder's CAS comes
 		// first decrements the held count, exactly once.
 		if old := e.state.Swap(stDead); old != stFree && old != stDead {
-			t.held.Add(-1)
+			t.heldKeys.Add(-1)
 		}
 		delete(t.entries, key)
 	}
@@ -1025,7 +1026,7 @@ func (t *Table[T]) checkQueue(key string, e *entry[T], s uint64, c *invariantCou
 		if w.state != Queued {
 			errs = append(errs, fmt.Errorf("invariant 4: key %q waiter %d is %v in the queue", key, w.token, w.state))
 		}
-		if w.lock != e {
+		if w.entry != e {
 			errs = append(errs, fmt.Errorf("invariant 4: waiter %d queued under key %q has another key's entry", w.token, key))
 		}
 		if w.prev != prev {
@@ -1082,8 +1083,8 @@ func (t *Table[T]) checkCounts(c *invariantCounts, quiescent bool) []error {
 	if c.longest != t.longest || !slices.Equal(c.byLen, t.byLen) {
 		errs = append(errs, fmt.Errorf("invariant 4: longest queue %d (by length %v), counted %d (%v)", t.longest, t.byLen, c.longest, c.byLen))
 	}
-	if quiescent && int64(c.heldKeys) != t.held.Load() {
-		errs = append(errs, fmt.Errorf("invariant 1: %d keys held, Len says %d", c.heldKeys, t.held.Load()))
+	if quiescent && int64(c.heldKeys) != t.heldKeys.Load() {
+		errs = append(errs, fmt.Errorf("invariant 1: %d keys held, Len says %d", c.heldKeys, t.heldKeys.Load()))
 	}
 	return errs
 }

@@ -82,7 +82,7 @@ func TestCheckInvariantsCatchesCorruption(t *testing.T) {
 	b.state = Granted // corrupt: a granted waiter left in the queue
 	require.ErrorContains(t, tb.CheckInvariants(), "invariant 4")
 	b.state = Queued
-	tb.entries["k"].state.Store(held(a.Token())) // corrupt: waiters, but a holder's CAS would free the key
+	tb.entries["k"].state.Store(heldWord(a.Token())) // corrupt: waiters, but a holder's CAS would free the key
 	require.ErrorContains(t, tb.CheckInvariants(), "invariant 3")
 	tb.entries["k"].state.Store(stDead) // corrupt: a dead entry in the map
 	require.ErrorContains(t, tb.CheckInvariants(), "invariant 1")
@@ -175,7 +175,7 @@ func TestTableStaleCASOnARecycledEntry(t *testing.T) {
 	require.True(t, released)
 	tb.Reap()
 	tb.Acquire("other", b)
-	require.Same(t, a.lock, b.lock, "the entry was recycled")
+	require.Same(t, a.entry, b.entry, "the entry was recycled")
 	released, _ = tb.ReleaseByCAS(ha)
 	require.False(t, released)
 	require.Equal(t, 1, tb.Len())
