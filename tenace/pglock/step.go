@@ -95,6 +95,10 @@ type decision struct {
 	// whether the server had answered the statement (see failed).
 	err      error
 	answered bool
+	// keep, for outCutShort: no statement saw the cut (a bulkhead's wait
+	// for a NOTIFY), so the session goes back to the pool once it gave
+	// back what it holds (giveBack), rather than end.
+	keep bool
 }
 
 // step decides what follows the server's reply r in attempt a.
@@ -120,7 +124,9 @@ func step(a attempt, r reply) decision {
 			return decision{next: outFailed, unlock: true, err: a.failure(r.err), answered: answered(r.err)}
 		}
 		if r.cut {
-			return decision{next: outCutShort} // the gate goes with the session
+			// No statement ran: the session is fit for the pool once it
+			// gives back the gate.
+			return decision{next: outCutShort, keep: true}
 		}
 		return decision{next: doLock}
 	case stmtUnlisten:

@@ -96,7 +96,7 @@ func TestStep(t *testing.T) {
 		{"registered, cut short", one, reply{stmt: stmtRegister, cut: true}, decision{next: outFailed, answered: true}},
 		{"registering failed", one, reply{stmt: stmtRegister, err: failed}, decision{next: outFailed, answered: true}},
 		{"a permit's wait ended", permitWaiting, reply{stmt: stmtPermit}, decision{next: doLock}},
-		{"a permit's wait cut short", permitWaiting, reply{stmt: stmtPermit, cut: true}, decision{next: outCutShort}},
+		{"a permit's wait cut short", permitWaiting, reply{stmt: stmtPermit, cut: true}, decision{next: outCutShort, keep: true}},
 		{"a permit's wait failed", permitWaiting, reply{stmt: stmtPermit, err: silent}, decision{next: outFailed, unlock: true}},
 		{"unlistened", listening, reply{stmt: stmtUnlisten}, decision{next: doGrant}},
 		{"unlisten cut short", listening, reply{stmt: stmtUnlisten, cut: true}, decision{next: outCutShort, unlock: true}},
