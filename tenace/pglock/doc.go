@@ -307,50 +307,80 @@
 // is not overtaken by readers that come after it, nor by a NoWait reader
 // (TestWriterNotOvertakenByLaterReaders shows both in pg_locks).
 //
-// A keyed bulkhead (Shared, Permits N > 0): a holder holds the key shared
-// too, so that a writer excludes it, and the holders are counted on the
-// server. Each key has a gate, a second advisory lock (the table's OID,
-// −id) that only a bulkhead's callers take, exclusive, while they are
-// admitted:
+// A keyed bulkhead (Shared, Permits N > 0): a holder holds one of the
+// key's N permit slots — advisory locks of their own (the OID of the
+// table's primary key index, then the key's id mixed with the slot's
+// number), each taken exclusive, so that two holders never share one —
+// and the key shared, so that a writer excludes it. A free slot is a free
+// permit: nothing counts holders, and PostgreSQL frees a slot with the
+// session that holds it.
 //
-//	Acquire ── one statement: take the gate (waits in its queue, FIFO)
-//	           count the key's shared holders in pg_locks
-//	           fewer than N → take the key shared, fence, unlock the gate: granted
-//	           N or more    → keep the gate, and wait:
-//	             LISTEN on the key's channel (a wait longer than 100 ms)
-//	             a holder's Release sends a NOTIFY; a holder whose session
-//	             ended sends none, so count again every 100 ms anyway
-//	             (every 10 ms, not listening, for a shorter wait)
-//	           count again, holding the gate, until admitted or the wait ends
+//	NoWait    ── one statement: try slots 0, 1, … (pg_try_advisory_lock),
+//	             the first free one taken; try the key shared; fence: granted
+//	             (no slot free, or a writer holds or waits for the key:
+//	             not granted, the slot given back in the same statement)
+//	a waiter  ── one statement: take the key's gate, a second advisory
+//	             lock (the table's OID, −id), exclusive (waits in its
+//	             queue, FIFO); try the slots;
+//	             a slot → wait for the key shared (behind a writer),
+//	                      fence, unlock the gate: granted
+//	             none   → keep the gate; LISTEN on the key's channel
+//	                      (a wait longer than 100 ms) and wait, with no
+//	                      statement running, for the NOTIFY every Release
+//	                      sends, or 100 ms (10 ms, not listening, for a
+//	                      shorter wait); try the slots again
 //
-// Only the gate's holder counts and enters, so two callers never both see
-// N−1 holders; the gate's queue is the server's, so bulkhead callers are
-// admitted in arrival order, and the one at its head keeps those behind it
-// waiting (a NoWait caller finds the gate taken: not granted — also while
-// another caller only passes through it for a moment, with permits free;
-// TestANoWaitBulkheadNeverAdmitsMoreThanN checks that NoWait callers never
-// over-admit). A holder
-// lost with its session (a killed process, a terminated backend, a server
-// restart) gives its permit back as the session ends: the gate's holder
-// sees it at its next count, 100 ms at most (TestKilledPermitHolderGivesItsPermitBack;
-// locktest's PermitBackAfterLoss). Limits:
+// A caller takes the lowest free slot, so it tries min(N,
+// max_connections) slots at most, and one when the key is free: an
+// uncontended grant costs one try-lock and the key's shared lock beside
+// the fence. A Release is one statement (unlock, NOTIFY) and reads nothing;
+// the waiter it wakes tries the slots, and reads no lock table either.
 //
-//   - PostgreSQL keeps no count per key: each caller checks its own
-//     Permits against the holders the server lists. Callers of one key
-//     that pass different Permits each enforce their own; a reader with
-//     Permits 0 takes no gate, is admitted beside any number of permit
-//     holders, and counts among them. So give every caller of a key the
-//     same Permits, as the package tenace asks (the in-process provider
-//     keeps the first holder's; pglock cannot).
-//   - A waiting bulkhead caller pins its connection, as any waiter does,
-//     and the gate's holder reads pg_locks once per release and every
-//     100 ms: a scan of the server's lock table, cheap for a few keys with
-//     waiters, not for thousands. An admission costs one round trip, as an
-//     exclusive acquire does; a release, one, with a NOTIFY (a write to the
-//     server's notification queue).
-//   - A bulkhead caller that gives up while it waits for a permit (its
-//     Timeout, ctx, Close) ends its session rather than unlock: the gate
-//     and the LISTEN go with it, at once, and the pool dials again later.
+// Why a waiter waits for a NOTIFY, and tries again every 100 ms: a permit
+// comes back by a Release, which sends a NOTIFY, or by the end of its
+// holder's session (a killed process, a terminated backend, a server
+// restart), which sends none. PostgreSQL wakes a session waiting for a
+// lock when that one lock is granted, and delivers a NOTIFY only to an
+// idle session; it has no wait for "any one of N locks". A waiter blocked
+// on one busy slot would see that holder's end at once, but not a Release
+// of another slot; a waiter idle on LISTEN sees every Release at once, and
+// a holder's end at its next try of the slots, 100 ms at most
+// (TestKilledPermitHolderGivesItsPermitBack; locktest's
+// PermitBackAfterLoss). A try is N try-locks on the gate holder's session,
+// never a scan of the server's lock table (TestABulkheadHandOffReadsNoLockTable).
+//
+// Order: waiters are admitted in arrival at the gate's queue on the
+// server, FIFO as a plain lock's, the one at its head keeping those behind
+// it waiting (TestBulkheadWaitersInArrivalOrder). A NoWait caller takes no
+// gate: it is granted whenever a slot is free and no writer holds or waits
+// for the key, whoever holds the gate (TestNoWaitBulkheadAdmittedWhileAnotherPassesTheGate)
+// — also in the moment between a Release and the waiting gate holder's
+// try, when it takes the permit that waiter was woken for (the waiter then
+// waits for the next). Limits:
+//
+//   - PostgreSQL keeps no count per key: each caller tries its own
+//     Permits of slots. Callers of one key that pass different Permits
+//     each enforce their own (one with Permits 2 is admitted while slot 0
+//     or 1 is free, whatever slots 2–4 hold); a reader with Permits 0
+//     takes no slot, and is admitted beside any number of permit holders.
+//     So give every caller of a key the same Permits, as the package
+//     tenace asks (the in-process provider keeps the first holder's;
+//     pglock cannot).
+//   - A slot's lock is (OID, id XOR the slot number's bits reversed): one
+//     to one while the table's ids stay below 2^(32−b) for holders of one
+//     key below 2^b (a million keys and 4,096 holders of one key, say).
+//     Past that two keys' slots may share a lock: never more than N
+//     holders of a key, but a key may see a slot taken by another's holder.
+//   - A waiting bulkhead caller pins its connection, as any waiter does.
+//     A waiter that gives up while it waits for a permit (its Timeout, its
+//     ctx, Close) unlocks the gate and stops listening in one round trip,
+//     and keeps its session: the connection goes back to the pool
+//     (TestABulkheadWaiterThatGivesUpKeepsItsSession). One whose statement
+//     is cut short while it waits for the gate or behind a writer (its ctx,
+//     a Timeout on another Clock) has that statement cancelled, and its
+//     connection is closed, as every cancelled statement's is (see
+//     Waiting); a Timeout on the system clock ends those waits on the
+//     server (lock_timeout), and the session is kept.
 //
 // Every rule of the exclusive lock holds for shared leases: each grant,
 // shared too, gets its own fencing token from the key's counter, strictly
