@@ -454,7 +454,7 @@ func (c *call) lockStatement(conn *pgxpool.Conn, key string) (r reply, id int32,
 
 // replied is the reply to statement s on conn, which returned err.
 func (c *call) replied(conn *pgxpool.Conn, s stmt, err error) reply {
-	return reply{stmt: s, err: err, cut: c.wctx.Err() != nil, dead: conn.Conn().IsClosed(), closed: c.p.closed.Err() != nil}
+	return reply{stmt: s, err: err, cut: c.wctx.Err() != nil, dead: conn.Conn().IsClosed(), closed: c.p.closed.Err() != nil, settled: cancelSettled(conn)}
 }
 
 // attempt is what step knows of c, asking for key with got of a set's

@@ -65,32 +65,35 @@ func TestNoWaitBulkheadAdmittedWhileAnotherPassesTheGate(t *testing.T) {
 }
 
 // TestABulkheadWaiterThatGivesUpKeepsItsSession: a bulkhead caller that
-// waits for a permit and gives up — its Timeout passes, or its ctx ends
-// while it waits for a permit to come back — leaves the server holding
+// waits and gives up — its Timeout passes, or its ctx ends while it waits
+// for a permit to come back (no statement running), for the key's gate or
+// behind a writer (its statement cancelled) — leaves the server holding
 // nothing for it and keeps its connection: the pool still has it open, and
 // the provider's next call runs on the same backend.
 func TestABulkheadWaiterThatGivesUpKeepsItsSession(t *testing.T) {
 	srv := server(t)
+	one := bulkhead(1)
 	for _, tc := range []struct {
-		name   string
-		giveUp func(t *testing.T, key string) (context.Context, tenace.LockAcquireOptions, func())
+		name    string
+		timeout time.Duration // 0: ctx ends once the caller waits
+		holder  tenace.LockAcquireOptions
+		gate    bool // another waiter holds the gate: the caller waits for it
+		waiting func(t *testing.T, key string)
 	}{
-		{"Timeout", func(t *testing.T, key string) (context.Context, tenace.LockAcquireOptions, func()) {
-			opts := bulkhead(1)
-			opts.Timeout = 300 * time.Millisecond
-			return bg, opts, func() {}
-		}},
-		{"ctx", func(t *testing.T, key string) (context.Context, tenace.LockAcquireOptions, func()) {
-			ctx, cancel := context.WithCancel(bg)
-			return ctx, bulkhead(1), func() {
-				waitForPermitWait(t, srv, key)
-				cancel()
-			}
-		}},
+		{name: "Timeout", timeout: 300 * time.Millisecond, holder: one},
+		{name: "ctx, waiting for a permit", holder: one, waiting: func(t *testing.T, key string) { waitForPermitWait(t, srv, key) }},
+		{name: "ctx, waiting for the gate", holder: one, gate: true, waiting: func(t *testing.T, key string) { waitForGate(t, srv, key, 2) }},
+		{name: "ctx, waiting behind a writer", holder: writer, waiting: func(t *testing.T, key string) { waitForWaiters(t, srv, key, 1) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := keyOf(t, "k")
-			h := mustAcquire(t, newProvider(t, srv), key, bulkhead(1))
+			other := newProvider(t, srv)
+			h := mustAcquire(t, other, key, tc.holder)
+			var first <-chan result
+			if tc.gate {
+				first = acquireAsync(bg, other, key, one)
+				waitForPermitWait(t, srv, key)
+			}
 			p := newProvider(t, srv)
 			var mu sync.Mutex
 			var pids []uint32
@@ -99,12 +102,18 @@ func TestABulkheadWaiterThatGivesUpKeepsItsSession(t *testing.T) {
 				pids = append(pids, pid)
 				mu.Unlock()
 			}})
-			ctx, opts, giveUp := tc.giveUp(t, key)
+			ctx, cancel := context.WithCancel(bg)
+			defer cancel()
+			opts := one
+			opts.Timeout = tc.timeout
 			r := acquireAsync(ctx, p, key, opts)
-			giveUp()
+			if tc.waiting != nil {
+				tc.waiting(t, key)
+				cancel()
+			}
 			res := <-r
 			require.Nil(t, res.lease)
-			if tc.name == "ctx" {
+			if tc.waiting != nil {
 				require.ErrorIs(t, res.err, context.Canceled)
 			} else {
 				require.NoError(t, res.err, "not granted within its Timeout")
@@ -113,10 +122,15 @@ func TestABulkheadWaiterThatGivesUpKeepsItsSession(t *testing.T) {
 			waiter := pids[0]
 			mu.Unlock()
 			require.Equal(t, int32(1), pglock.PoolConns(p), "the waiter's connection was closed")
-			require.Equal(t, "ShareLock:true", held(t, srv, key), "the server holds something of the waiter's: its gate or a slot")
-			require.Equal(t, "0", srv.MustExec(t, fmt.Sprintf(`SELECT count(*) FROM pg_locks WHERE pid = %d AND locktype = 'advisory'`, waiter)))
+			require.Equal(t, "0", srv.MustExec(t, fmt.Sprintf(`SELECT count(*) FROM pg_locks WHERE pid = %d AND locktype = 'advisory'`, waiter)),
+				"the waiter's session holds locks: %s", held(t, srv, key))
 			require.NoError(t, h.Release(bg))
-			l := mustAcquire(t, p, key, bulkhead(1))
+			if first != nil {
+				got := <-first
+				require.NoError(t, got.err)
+				require.NoError(t, got.lease.Release(bg))
+			}
+			l := mustAcquire(t, p, key, one)
 			require.Equal(t, waiter, pglock.BackendPID(l), "the next call runs on another backend: the waiter's session ended")
 			require.NoError(t, l.Release(bg))
 			waitFree(t, srv, key)
@@ -188,14 +202,15 @@ func TestABulkheadHandOffReadsNoLockTable(t *testing.T) {
 	waitFree(t, srv, key)
 }
 
-// TestABulkheadWaiterWakesOnRelease: a waiter for a permit is granted a
-// few round trips after the holder's Release (the Release's, the NOTIFY's
-// and the waiter's admission), not at a timer's next tick: the median of
-// five hand-offs is measured against a control in the same run, three
-// round trips of a bare statement on its own connection, with room for
-// the scheduler.
+// TestABulkheadWaiterWakesOnRelease: a waiter for a permit is woken by the
+// holder's Release itself (its NOTIFY), not by a timer: with the waiter's
+// re-try set to an hour, each of five waiters is granted once the holder
+// releases, within 10 s (a loaded machine's room). The hand-offs' median
+// is logged beside a control, three round trips of a bare statement on a
+// connection of its own (the Release's, the waiter's try, its UNLISTEN).
 func TestABulkheadWaiterWakesOnRelease(t *testing.T) {
 	srv := server(t)
+	defer pglock.SetPermitRepoll(time.Hour)()
 	holders, waiters := newProvider(t, srv), newProvider(t, srv)
 	ctl, err := pgx.Connect(bg, srv.ConnString())
 	require.NoError(t, err)
@@ -208,10 +223,14 @@ func TestABulkheadWaiterWakesOnRelease(t *testing.T) {
 		opts.Timeout = 20 * time.Second
 		r := acquireAsync(bg, waiters, key, opts)
 		waitForPermitWait(t, srv, key)
-		time.Sleep(30 * time.Millisecond) // past the waiter's LISTEN and its try after it: waiting for the NOTIFY
 		start := time.Now()
 		require.NoError(t, h.Release(bg))
-		res := <-r
+		var res result
+		select {
+		case res = <-r:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("waiter %d not granted within 10s of the Release: no NOTIFY woke it", i)
+		}
 		wakes = append(wakes, time.Since(start))
 		require.NoError(t, res.err)
 		require.NotNil(t, res.lease)
@@ -225,7 +244,5 @@ func TestABulkheadWaiterWakesOnRelease(t *testing.T) {
 	}
 	slices.Sort(wakes)
 	slices.Sort(controls)
-	wake, control := wakes[2], controls[2]
-	t.Logf("hand-off %v (median of %v); control, three round trips: %v", wake, wakes, control)
-	require.Less(t, wake, 3*control+25*time.Millisecond, "the waiter woke later than its round trips explain")
+	t.Logf("hand-off %v (median of %v); control, three round trips: %v", wakes[2], wakes, controls[2])
 }

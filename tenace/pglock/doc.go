@@ -104,7 +104,8 @@
 // lock.rejected. Nested locks need one connection per level: a pool full of
 // holders that each wait for a second key ends in that error at their
 // Timeout. A cancelled wait costs a connection: its connection is closed
-// rather than reused (see below), and the pool dials a new one.
+// rather than reused (see below), and the pool dials a new one — but a
+// bulkhead waiter's (see Shared locks and permits).
 //
 // A server that does not answer is not a held key either (see Waiting).
 //
@@ -372,15 +373,22 @@
 //     Past that two keys' slots may share a lock: never more than N
 //     holders of a key, but a key may see a slot taken by another's holder.
 //   - A waiting bulkhead caller pins its connection, as any waiter does.
-//     A waiter that gives up while it waits for a permit (its Timeout, its
-//     ctx, Close) unlocks the gate and stops listening in one round trip,
-//     and keeps its session: the connection goes back to the pool
-//     (TestABulkheadWaiterThatGivesUpKeepsItsSession). One whose statement
-//     is cut short while it waits for the gate or behind a writer (its ctx,
-//     a Timeout on another Clock) has that statement cancelled, and its
-//     connection is closed, as every cancelled statement's is (see
-//     Waiting); a Timeout on the system clock ends those waits on the
-//     server (lock_timeout), and the session is kept.
+//     A waiter that gives up (its Timeout, its ctx, Close) keeps its
+//     session: one round trip unlocks whatever the session holds (the
+//     gate, a slot, a grant that landed as it gave up) and stops
+//     listening, and the connection goes back to the pool
+//     (TestABulkheadWaiterThatGivesUpKeepsItsSession). A Timeout on the
+//     system clock ends a wait for the gate or behind a writer on the
+//     server (lock_timeout); the wait for a NOTIFY runs no statement, and
+//     ends on the client. A statement cut short by ctx (or a Timeout on
+//     another Clock) is cancelled, and the session kept once the server
+//     has answered every cancel request sent for it: the server signals
+//     the backend before it closes the request's connection, and a backend
+//     drops a cancel signal that comes while it waits for a command, so
+//     none can hit the next statement. A request left unanswered within
+//     the cancel's grace (a stalled server) closes the connection, as
+//     every cancelled statement of an exclusive or shared caller does
+//     (see Waiting).
 //
 // Every rule of the exclusive lock holds for shared leases: each grant,
 // shared too, gets its own fencing token from the key's counter, strictly

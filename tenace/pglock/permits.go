@@ -98,11 +98,10 @@ const (
 // tries the slots again: the time it takes at most to see the permit of a
 // holder whose session ended, which sends none. A waiter whose wait ends
 // sooner (its Timeout) does not LISTEN, which costs a round trip, but
-// tries again every permitPoll.
-const (
-	permitRepoll = 100 * time.Millisecond
-	permitPoll   = 10 * time.Millisecond
-)
+// tries again every permitPoll. (permitRepoll is a variable for tests.)
+var permitRepoll = 100 * time.Millisecond
+
+const permitPoll = 10 * time.Millisecond
 
 // slotSQL is the advisory lock of the key's slot i (an SQL expression),
 // on the lock's two int4: see "Slots" above.
@@ -322,13 +321,17 @@ var _ tenace.SharedLockProvider = (*Provider)(nil)
 
 // givePermitBack is giveBack for a bulkhead caller that waited and got no
 // permit: its session may hold the key's gate, a slot (taken before a
-// shared wait that failed) or the key shared (a grant that raced the
-// server's lock_timeout), and LISTEN on the key's channel; no statement of
-// it saw a cancel. One round trip unlocks all and stops listening, and
-// the connection goes back to the pool; it is closed instead when that
-// fails, or the server does not answer within cancelGrace (the socket's
+// shared wait that failed), the key shared (a grant that raced the
+// server's lock_timeout, or a cancel), and LISTEN on the key's channel;
+// no cancel request sent for it can reach it any more (see
+// cancelSettled). One round trip unlocks all and stops listening, and the
+// connection goes back to the pool; it is closed instead when that fails,
+// or the server does not answer within cancelGrace (the socket's
 // deadline: pgconn then closes it).
 func (c *call) givePermitBack(conn *pgxpool.Conn) {
+	if h, ok := conn.Conn().PgConn().CustomData()[handlerKey].(*cancelHandler); ok {
+		h.graceEnd, h.settled = time.Time{}, false // the next statement's cancel is its own
+	}
 	nc := conn.Conn().PgConn().Conn()
 	_ = nc.SetDeadline(time.Now().Add(cancelGrace))
 	_, err := conn.Exec(context.Background(), `SELECT pg_advisory_unlock_all(); UNLISTEN *`)

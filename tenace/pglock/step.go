@@ -33,6 +33,9 @@ type reply struct {
 	cut    bool // the call's statement context (wctx) had ended when the statement returned
 	dead   bool // the connection was closed when the statement returned
 	closed bool // the provider is closed
+	// settled: the server answered every cancel request sent for the
+	// statement, if any (see cancelSettled)
+	settled bool
 	// The acquire statement's row (see lockStatement): hasID false when
 	// the key has no row; fenced false when it returned no fence.
 	hasID, locked, fenced bool
@@ -152,6 +155,12 @@ func step(a attempt, r reply) decision {
 // stepLock decides what follows the acquire statement.
 func stepLock(a attempt, r reply) decision {
 	switch {
+	case r.cut && a.mode == modePermit && !a.noWait && r.settled && !r.dead && answered(r.err):
+		// A bulkhead waiter's statement cut short (waiting for the gate,
+		// or behind a writer), which the server answered, and whose cancel
+		// requests it answered too: whatever the session holds (the gate,
+		// a slot, a grant that landed) is given back, and the session kept.
+		return decision{next: outCutShort, keep: true}
 	case isLockTimeout(r.err):
 		return stepLockTimeout(a, r)
 	case isDeadlock(r.err) && !r.cut && a.got > 0:
