@@ -334,7 +334,7 @@
 // A caller takes the lowest free slot, so it tries min(N,
 // max_connections) slots at most, and one when the key is free: an
 // uncontended grant costs one try-lock and the key's shared lock beside
-// the fence. A Release is one statement (unlock, NOTIFY) and reads nothing;
+// the fence (and the gate's lock and unlock, for a caller that waits). A Release is one statement (unlock, NOTIFY) and reads nothing;
 // the waiter it wakes tries the slots, and reads no lock table either.
 //
 // Why a waiter waits for a NOTIFY, and tries again every 100 ms: a permit
