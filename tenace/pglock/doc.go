@@ -327,15 +327,21 @@
 //	                      fence, unlock the gate: granted
 //	             none   → keep the gate; LISTEN on the key's channel
 //	                      (a wait longer than 100 ms) and wait, with no
-//	                      statement running, for the NOTIFY every Release
-//	                      sends, or 100 ms (10 ms, not listening, for a
-//	                      shorter wait); try the slots again
+//	                      statement running, for the NOTIFY a Release
+//	                      sends while the gate is held, or 100 ms (10 ms,
+//	                      not listening, for a shorter wait); try the
+//	                      slots again
 //
 // A caller takes the lowest free slot, so it tries min(N,
 // max_connections) slots at most, and one when the key is free: an
 // uncontended grant costs one try-lock and the key's shared lock beside
-// the fence (and the gate's lock and unlock, for a caller that waits). A Release is one statement (unlock, NOTIFY) and reads nothing;
-// the waiter it wakes tries the slots, and reads no lock table either.
+// the fence (and the gate's lock and unlock, for a caller that waits). A
+// Release is one statement, which reads nothing: it unlocks, then tries
+// the gate shared, and sends the NOTIFY only when that fails (someone
+// holds the gate: a waiter, or a caller being admitted), so that an
+// uncontended release does not queue for the database's notify lock,
+// which every notifying commit takes. The waiter it wakes tries the
+// slots, and reads no lock table either.
 //
 // Why a waiter waits for a NOTIFY, and tries again every 100 ms: a permit
 // comes back by a Release, which sends a NOTIFY, or by the end of its

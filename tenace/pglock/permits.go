@@ -41,7 +41,8 @@ import (
 //	                      fence, unlock the gate: granted
 //	             none   → keep the gate, and wait, with no statement
 //	                      running, for a NOTIFY on the key's channel
-//	                      (every Release sends one), or permitRepoll;
+//	                      (a Release sends one while the gate is
+//	                      held), or permitRepoll;
 //	                      then try the slots again, holding the gate
 //
 // Slots: a caller takes the lowest free slot, so a held slot's index is
@@ -284,8 +285,15 @@ func (l *lease) unlockSQL() string {
 	case modePermit:
 		// pg_advisory_unlock_all and pg_notify return void, which IS NOT
 		// NULL; the NOTIFY is sent when the statement commits, after the
-		// unlock.
-		return `SELECT CASE WHEN pg_advisory_unlock_shared($1::int4, $2) THEN pg_advisory_unlock_all() IS NOT NULL AND pg_notify($3, '') IS NOT NULL ELSE false END`
+		// unlock. It is sent only while someone holds the key's gate (a
+		// try of it, shared, fails): a waiter that holds it waits for the
+		// NOTIFY, or tries the slots again after its LISTEN; one that
+		// takes the gate after this try tries the slots then. A NOTIFY's
+		// commit takes the database's notify lock, which every notifying
+		// commit queues for.
+		return `SELECT CASE WHEN pg_advisory_unlock_shared($1::int4, $2) THEN pg_advisory_unlock_all() IS NOT NULL AND
+	CASE WHEN pg_try_advisory_lock_shared($1::int4, -$2::int4) THEN pg_advisory_unlock_shared($1::int4, -$2::int4) ELSE pg_notify($3, '') IS NOT NULL END
+ELSE false END`
 	}
 	return `SELECT pg_advisory_unlock($1::int4, $2)`
 }
