@@ -193,7 +193,8 @@ func stepLock(a attempt, r reply) decision {
 		return decision{next: outBroken, err: fmt.Errorf("pglock: the key %s vanished from %s as it was registered; is something deleting its rows?", keyfmt.Quote(a.key), a.table)}
 	case !r.locked && a.mode == modePermit && !a.noWait:
 		// Every permit is taken: wait for one to come back, holding the
-		// gate, and count again; "held" once the wait's end has come.
+		// gate, and try the slots again; "held" once the wait's end has
+		// come.
 		if a.bounded && a.permitLeft <= 0 {
 			return decision{next: outHeld}
 		}
