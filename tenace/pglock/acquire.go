@@ -454,7 +454,7 @@ func (c *call) lockStatement(conn *pgxpool.Conn, key string) (r reply, id int32,
 
 // replied is the reply to statement s on conn, which returned err.
 func (c *call) replied(conn *pgxpool.Conn, s stmt, err error) reply {
-	return reply{stmt: s, err: err, cut: c.wctx.Err() != nil, dead: conn.Conn().IsClosed(), closed: c.p.closed.Err() != nil}
+	return reply{stmt: s, err: err, cut: c.wctx.Err() != nil, dead: conn.Conn().IsClosed(), closed: c.p.closed.Err() != nil, settled: cancelSettled(conn)}
 }
 
 // attempt is what step knows of c, asking for key with got of a set's
@@ -522,6 +522,12 @@ func (c *call) conclude(conn *pgxpool.Conn, got []setGrant, d decision) (tenace.
 	case outDropped:
 		discard(conn) // its session, and whatever it holds, ends
 		return nil, false, nil
+	case outCutShort:
+		if d.keep {
+			c.giveBack(conn, got)
+			l, err := c.waitEnded(true)
+			return l, false, err
+		}
 	}
 	if d.unlock {
 		c.p.unlockAll(conn)
@@ -579,12 +585,11 @@ func (c *call) statement(key string) (_ string, args []any) {
 
 // giveBack is Provider.giveBack for a call that got no lease, whose
 // session holds a set's keys locked so far, or nothing — or, for a
-// bulkhead's caller that waits, maybe the key's gate (see permitStatement)
-// and a LISTEN: that session is ended (discard), which frees both at once,
-// with no round trip for the caller to wait for before it returns.
+// bulkhead's caller that waits, maybe the key's gate, a slot and a LISTEN
+// (see givePermitBack).
 func (c *call) giveBack(conn *pgxpool.Conn, got []setGrant) {
 	if c.mode() == modePermit && c.opts.Timeout != tenace.NoWait {
-		discard(conn)
+		c.givePermitBack(conn)
 		return
 	}
 	c.p.giveBack(conn, got)

@@ -47,8 +47,10 @@ const cancelRepeat = 20 * time.Millisecond
 // gave up — a waiter nobody waits for, which takes the lock when its turn
 // comes. pgx's own CancelRequestContextWatcherHandler sends one cancel and
 // then sleeps 100 ms, to keep a late cancel from hitting the connection's
-// next statement; this provider never reuses a connection whose statement
-// saw its context end (see discard), so it needs neither.
+// next statement; this provider reuses a connection whose statement saw
+// its context end only once the server has answered every cancel request
+// sent for it (settled; a bulkhead's waiter, see call.givePermitBack), and
+// discards the others (see discard), so it needs neither.
 //
 // No cancel is sent before the connection's startup has finished (ready,
 // set by the pool's AfterConnect): the backend's key is not known yet, and
@@ -61,8 +63,15 @@ type cancelHandler struct {
 	// statement has returned (pgconn's Unwatch orders that after
 	// HandleCancel, as it does HandleUnwatchAfterCancel).
 	stop     context.CancelFunc
+	quit     chan struct{} // closed once the statement has ended: send no more
 	done     chan struct{} // closed when the cancel requests are over
 	graceEnd time.Time     // when the connection is given up; zero before a cancel
+	// settled: every cancel request sent for the last cancelled statement
+	// was answered by the server (it closes the request's connection once
+	// it has signalled the backend), so none can reach the session's next
+	// statement: a signal that comes while the backend waits for a
+	// command is dropped (see cancelSettled).
+	settled bool
 }
 
 var _ ctxwatch.Handler = (*cancelHandler)(nil)
@@ -71,9 +80,10 @@ func (h *cancelHandler) HandleCancel(context.Context) {
 	deadline := time.Now().Add(cancelGrace)
 	_ = h.conn.Conn().SetDeadline(deadline)
 	ctx, stop := context.WithDeadline(context.Background(), deadline)
-	done := make(chan struct{})
-	h.stop, h.done, h.graceEnd = stop, done, deadline
+	quit, done := make(chan struct{}), make(chan struct{})
+	h.stop, h.quit, h.done, h.graceEnd, h.settled = stop, quit, done, deadline, false
 	if !h.ready.Load() {
+		h.settled = true
 		close(done)
 		return
 	}
@@ -83,7 +93,13 @@ func (h *cancelHandler) HandleCancel(context.Context) {
 		defer t.Stop()
 		for {
 			_ = h.conn.CancelRequest(ctx)
+			if ctx.Err() != nil {
+				return // a request cut short may still reach the backend
+			}
 			select {
+			case <-quit:
+				h.settled = true
+				return
 			case <-ctx.Done():
 				return
 			case <-t.C:
@@ -93,10 +109,26 @@ func (h *cancelHandler) HandleCancel(context.Context) {
 	}()
 }
 
+// HandleUnwatchAfterCancel runs once the statement has ended: no more
+// cancel requests are sent, and the one on its way is let finish (within
+// the grace), so that settled says whether one can still reach the
+// session.
 func (h *cancelHandler) HandleUnwatchAfterCancel() {
-	h.stop()
+	close(h.quit)
 	<-h.done
+	h.stop()
 	_ = h.conn.Conn().SetDeadline(time.Time{})
+}
+
+// cancelSettled reports whether conn's last statement, which has
+// returned, saw no cancel request, or only requests the server has
+// answered: then none can hit the next statement. The server signals the
+// backend before it closes the request's connection, and a backend drops
+// a cancel signal that arrives while it waits for a command (PostgresMain
+// checks for interrupts after reading one, before it runs it).
+func cancelSettled(conn *pgxpool.Conn) bool {
+	h, ok := conn.Conn().PgConn().CustomData()[handlerKey].(*cancelHandler)
+	return ok && (h.graceEnd.IsZero() || h.settled)
 }
 
 // graceEnd returns when the cancel's grace ends for conn's last statement,
@@ -105,8 +137,9 @@ func (h *cancelHandler) HandleUnwatchAfterCancel() {
 // context ended after it returned, or not at all). The cleanup after a
 // statement cut short (unlockAll) ends by then, so that the caller waits
 // one grace at most, not a grace for the statement and another for the
-// cleanup. (A connection whose statement saw a cancel is never reused, so
-// the handler's deadline is its last statement's.)
+// cleanup. (A connection whose statement saw a cancel is discarded, or
+// reused once the handler's state is cleared (call.givePermitBack), so the
+// handler's deadline is its last statement's.)
 func graceEnd(conn *pgxpool.Conn) time.Time {
 	if h, ok := conn.Conn().PgConn().CustomData()[handlerKey].(*cancelHandler); ok && !h.graceEnd.IsZero() {
 		return h.graceEnd

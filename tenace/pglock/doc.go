@@ -104,7 +104,8 @@
 // lock.rejected. Nested locks need one connection per level: a pool full of
 // holders that each wait for a second key ends in that error at their
 // Timeout. A cancelled wait costs a connection: its connection is closed
-// rather than reused (see below), and the pool dials a new one.
+// rather than reused (see below), and the pool dials a new one — but a
+// bulkhead waiter's (see Shared locks and permits).
 //
 // A server that does not answer is not a held key either (see Waiting).
 //
@@ -307,50 +308,93 @@
 // is not overtaken by readers that come after it, nor by a NoWait reader
 // (TestWriterNotOvertakenByLaterReaders shows both in pg_locks).
 //
-// A keyed bulkhead (Shared, Permits N > 0): a holder holds the key shared
-// too, so that a writer excludes it, and the holders are counted on the
-// server. Each key has a gate, a second advisory lock (the table's OID,
-// −id) that only a bulkhead's callers take, exclusive, while they are
-// admitted:
+// A keyed bulkhead (Shared, Permits N > 0): a holder holds one of the
+// key's N permit slots — advisory locks of their own (the OID of the
+// table's primary key index, then the key's id mixed with the slot's
+// number), each taken exclusive, so that two holders never share one —
+// and the key shared, so that a writer excludes it. A free slot is a free
+// permit: nothing counts holders, and PostgreSQL frees a slot with the
+// session that holds it.
 //
-//	Acquire ── one statement: take the gate (waits in its queue, FIFO)
-//	           count the key's shared holders in pg_locks
-//	           fewer than N → take the key shared, fence, unlock the gate: granted
-//	           N or more    → keep the gate, and wait:
-//	             LISTEN on the key's channel (a wait longer than 100 ms)
-//	             a holder's Release sends a NOTIFY; a holder whose session
-//	             ended sends none, so count again every 100 ms anyway
-//	             (every 10 ms, not listening, for a shorter wait)
-//	           count again, holding the gate, until admitted or the wait ends
+//	NoWait    ── one statement: try slots 0, 1, … (pg_try_advisory_lock),
+//	             the first free one taken; try the key shared; fence: granted
+//	             (no slot free, or a writer holds or waits for the key:
+//	             not granted, the slot given back in the same statement)
+//	a waiter  ── one statement: take the key's gate, a second advisory
+//	             lock (the table's OID, −id), exclusive (waits in its
+//	             queue, FIFO); try the slots;
+//	             a slot → wait for the key shared (behind a writer),
+//	                      fence, unlock the gate: granted
+//	             none   → keep the gate; LISTEN on the key's channel
+//	                      (a wait longer than 100 ms) and wait, with no
+//	                      statement running, for the NOTIFY a Release
+//	                      sends while the gate is held, or 100 ms (10 ms,
+//	                      not listening, for a shorter wait); try the
+//	                      slots again
 //
-// Only the gate's holder counts and enters, so two callers never both see
-// N−1 holders; the gate's queue is the server's, so bulkhead callers are
-// admitted in arrival order, and the one at its head keeps those behind it
-// waiting (a NoWait caller finds the gate taken: not granted — also while
-// another caller only passes through it for a moment, with permits free;
-// TestANoWaitBulkheadNeverAdmitsMoreThanN checks that NoWait callers never
-// over-admit). A holder
-// lost with its session (a killed process, a terminated backend, a server
-// restart) gives its permit back as the session ends: the gate's holder
-// sees it at its next count, 100 ms at most (TestKilledPermitHolderGivesItsPermitBack;
-// locktest's PermitBackAfterLoss). Limits:
+// A caller takes the lowest free slot, so it tries min(N,
+// max_connections) slots at most, and one when the key is free: an
+// uncontended grant costs one try-lock and the key's shared lock beside
+// the fence (and the gate's lock and unlock, for a caller that waits). A
+// Release is one statement, which reads nothing: it unlocks, then tries
+// the gate shared, and sends the NOTIFY only when that fails (someone
+// holds the gate: a waiter, or a caller being admitted), so that an
+// uncontended release does not queue for the database's notify lock,
+// which every notifying commit takes. The waiter it wakes tries the
+// slots, and reads no lock table either.
 //
-//   - PostgreSQL keeps no count per key: each caller checks its own
-//     Permits against the holders the server lists. Callers of one key
-//     that pass different Permits each enforce their own; a reader with
-//     Permits 0 takes no gate, is admitted beside any number of permit
-//     holders, and counts among them. So give every caller of a key the
-//     same Permits, as the package tenace asks (the in-process provider
-//     keeps the first holder's; pglock cannot).
-//   - A waiting bulkhead caller pins its connection, as any waiter does,
-//     and the gate's holder reads pg_locks once per release and every
-//     100 ms: a scan of the server's lock table, cheap for a few keys with
-//     waiters, not for thousands. An admission costs one round trip, as an
-//     exclusive acquire does; a release, one, with a NOTIFY (a write to the
-//     server's notification queue).
-//   - A bulkhead caller that gives up while it waits for a permit (its
-//     Timeout, ctx, Close) ends its session rather than unlock: the gate
-//     and the LISTEN go with it, at once, and the pool dials again later.
+// Why a waiter waits for a NOTIFY, and tries again every 100 ms: a permit
+// comes back by a Release, which sends a NOTIFY, or by the end of its
+// holder's session (a killed process, a terminated backend, a server
+// restart), which sends none. PostgreSQL wakes a session waiting for a
+// lock when that one lock is granted, and delivers a NOTIFY only to an
+// idle session; it has no wait for "any one of N locks". A waiter blocked
+// on one busy slot would see that holder's end at once, but not a Release
+// of another slot; a waiter idle on LISTEN sees every Release at once, and
+// a holder's end at its next try of the slots, 100 ms at most
+// (TestKilledPermitHolderGivesItsPermitBack; locktest's
+// PermitBackAfterLoss). A try is N try-locks on the gate holder's session,
+// never a scan of the server's lock table (TestABulkheadHandOffReadsNoLockTable).
+//
+// Order: waiters are admitted in arrival at the gate's queue on the
+// server, FIFO as a plain lock's, the one at its head keeping those behind
+// it waiting (TestBulkheadWaitersInArrivalOrder). A NoWait caller takes no
+// gate: it is granted whenever a slot is free and no writer holds or waits
+// for the key, whoever holds the gate (TestNoWaitBulkheadAdmittedWhileAnotherPassesTheGate)
+// — also in the moment between a Release and the waiting gate holder's
+// try, when it takes the permit that waiter was woken for (the waiter then
+// waits for the next). Limits:
+//
+//   - PostgreSQL keeps no count per key: each caller tries its own
+//     Permits of slots. Callers of one key that pass different Permits
+//     each enforce their own (one with Permits 2 is admitted while slot 0
+//     or 1 is free, whatever slots 2–4 hold); a reader with Permits 0
+//     takes no slot, and is admitted beside any number of permit holders.
+//     So give every caller of a key the same Permits, as the package
+//     tenace asks (the in-process provider keeps the first holder's;
+//     pglock cannot).
+//   - A slot's lock is (OID, id XOR the slot number's bits reversed): one
+//     to one while the table's ids stay below 2^(32−b) for holders of one
+//     key below 2^b (a million keys and 4,096 holders of one key, say).
+//     Past that two keys' slots may share a lock: never more than N
+//     holders of a key, but a key may see a slot taken by another's holder.
+//   - A waiting bulkhead caller pins its connection, as any waiter does.
+//     A waiter that gives up (its Timeout, its ctx, Close) keeps its
+//     session: one round trip unlocks whatever the session holds (the
+//     gate, a slot, a grant that landed as it gave up) and stops
+//     listening, and the connection goes back to the pool
+//     (TestABulkheadWaiterThatGivesUpKeepsItsSession). A Timeout on the
+//     system clock ends a wait for the gate or behind a writer on the
+//     server (lock_timeout); the wait for a NOTIFY runs no statement, and
+//     ends on the client. A statement cut short by ctx (or a Timeout on
+//     another Clock) is cancelled, and the session kept once the server
+//     has answered every cancel request sent for it: the server signals
+//     the backend before it closes the request's connection, and a backend
+//     drops a cancel signal that comes while it waits for a command, so
+//     none can hit the next statement. A request left unanswered within
+//     the cancel's grace (a stalled server) closes the connection, as
+//     every cancelled statement of an exclusive or shared caller does
+//     (see Waiting).
 //
 // Every rule of the exclusive lock holds for shared leases: each grant,
 // shared too, gets its own fencing token from the key's counter, strictly

@@ -74,6 +74,9 @@ type Provider struct {
 	// holds it already (a grant that raced the timeout; see call.lock).
 	retrySQL    [modeShared + 1]string
 	registerSQL string
+	// slotClass is the first key of a bulkhead's permit slots: the OID of
+	// the table's primary key index (see permits.go).
+	slotClass int32
 
 	held    atomic.Int64 // leases held through this provider
 	waiting atomic.Int64 // callers inside Acquire
@@ -369,6 +372,9 @@ func (p *Provider) check(ctx context.Context, s settings) error {
 		return fmt.Errorf("pglock: the table %s is missing (create it with pglock.Schema, or let New create it): %w", p.table, err)
 	}
 	p.classID = int32(oid)
+	if err := p.findSlotClass(ctx, c); err != nil {
+		return err
+	}
 	return p.checkOwners(ctx, c, s)
 }
 
@@ -468,7 +474,11 @@ func (p *Provider) prepareSQL() {
 		if kind == waitBounded {
 			shared = boundedLeft("pg_advisory_lock_shared", "k.id")
 		}
-		p.entrySQL[kind] = p.permitStatement(f("pg_advisory_lock", "-k.id"), shared, nParam, kind == waitNone, owner(n+1, modeShared, nParam))
+		gate := f("pg_advisory_lock", "-k.id")
+		if kind == waitNone {
+			gate = "" // NoWait takes no gate
+		}
+		p.entrySQL[kind] = p.permitStatement(gate, shared, nParam, kind == waitNone, owner(n+1, modeShared, nParam))
 		// With the gate held, only the shared wait sets lock_timeout.
 		p.admitSQL[kind] = p.permitStatement("", shared, nParam, kind == waitNone, owner(n+1, modeShared, nParam))
 	}

@@ -33,6 +33,9 @@ type reply struct {
 	cut    bool // the call's statement context (wctx) had ended when the statement returned
 	dead   bool // the connection was closed when the statement returned
 	closed bool // the provider is closed
+	// settled: the server answered every cancel request sent for the
+	// statement, if any (see cancelSettled)
+	settled bool
 	// The acquire statement's row (see lockStatement): hasID false when
 	// the key has no row; fenced false when it returned no fence.
 	hasID, locked, fenced bool
@@ -95,6 +98,10 @@ type decision struct {
 	// whether the server had answered the statement (see failed).
 	err      error
 	answered bool
+	// keep, for outCutShort: no statement saw the cut (a bulkhead's wait
+	// for a NOTIFY), so the session goes back to the pool once it gave
+	// back what it holds (giveBack), rather than end.
+	keep bool
 }
 
 // step decides what follows the server's reply r in attempt a.
@@ -120,7 +127,9 @@ func step(a attempt, r reply) decision {
 			return decision{next: outFailed, unlock: true, err: a.failure(r.err), answered: answered(r.err)}
 		}
 		if r.cut {
-			return decision{next: outCutShort} // the gate goes with the session
+			// No statement ran: the session is fit for the pool once it
+			// gives back the gate.
+			return decision{next: outCutShort, keep: true}
 		}
 		return decision{next: doLock}
 	case stmtUnlisten:
@@ -146,6 +155,12 @@ func step(a attempt, r reply) decision {
 // stepLock decides what follows the acquire statement.
 func stepLock(a attempt, r reply) decision {
 	switch {
+	case r.cut && a.mode == modePermit && !a.noWait && r.settled && !r.dead && answered(r.err):
+		// A bulkhead waiter's statement cut short (waiting for the gate,
+		// or behind a writer), which the server answered, and whose cancel
+		// requests it answered too: whatever the session holds (the gate,
+		// a slot, a grant that landed) is given back, and the session kept.
+		return decision{next: outCutShort, keep: true}
 	case isLockTimeout(r.err):
 		return stepLockTimeout(a, r)
 	case isDeadlock(r.err) && !r.cut && a.got > 0:
@@ -178,7 +193,8 @@ func stepLock(a attempt, r reply) decision {
 		return decision{next: outBroken, err: fmt.Errorf("pglock: the key %s vanished from %s as it was registered; is something deleting its rows?", keyfmt.Quote(a.key), a.table)}
 	case !r.locked && a.mode == modePermit && !a.noWait:
 		// Every permit is taken: wait for one to come back, holding the
-		// gate, and count again; "held" once the wait's end has come.
+		// gate, and try the slots again; "held" once the wait's end has
+		// come.
 		if a.bounded && a.permitLeft <= 0 {
 			return decision{next: outHeld}
 		}
