@@ -65,13 +65,13 @@ for i = 1, n do
 	if own[i] then
 		res[1+i] = tonumber(redis.call('GET', KEYS[3*i-1]) or '0')
 	else
-		local fence = nextFence(KEYS[3*i-1], us)
+		local fence = nextFence(KEYS[3*i-1], us, redis.call('GET', KEYS[3*i-1]))
 		res[1+i] = fence
 		redis.call('SET', KEYS[3*i-2], ARGV[1+i], 'PX', ARGV[1])
 		if ARGV[2+n] then
 			local owners = KEYS[3*i-2] .. ':owners'
 			redis.call('DEL', owners)
-			redis.call('HSET', owners, ARGV[1+i], 'x ' .. string.format('%.0f', math.floor(us / 1000)) .. ' ' .. string.format('%.0f', fence) .. ' ' .. ARGV[2+n])
+			redis.call('HSET', owners, ARGV[1+i], owned('x', us, fence, ARGV[2+n]))
 		end
 	end
 end
@@ -178,6 +178,11 @@ func hashTag(name string) string {
 // waitContexts builds the contexts of one Acquire or AcquireSet (see
 // waitCtx). done releases them.
 func (p *Provider) waitContexts(ctx context.Context, opts tenace.LockAcquireOptions) (waitCtx, func()) {
+	if opts.Timeout <= 0 {
+		// No Timeout: the acquire ends with ctx alone, whatever the clock
+		// (tenace.AcquireContext's actx would only follow it).
+		return waitCtx{caller: ctx, acq: ctx, call: ctx, try: ctx, timeout: opts.Timeout}, func() {}
+	}
 	actx, cancel := tenace.AcquireContext(ctx, opts)
 	w := waitCtx{caller: ctx, acq: actx, call: actx, try: actx, timeout: opts.Timeout}
 	if !clock.IsSystem(opts.Clock) {
@@ -280,7 +285,7 @@ func (s *setAttempt) tryOn(ctx context.Context) (reply, error) {
 	args := make([]any, 1, 2+n)
 	args[0] = s.parts[0].pxMS
 	for _, a := range s.parts {
-		keys = append(keys, a.lockKey, a.fenceKey, a.voidKey)
+		keys = append(keys, a.lockKey, a.fenceKey(), a.voidKey())
 		args = append(args, a.token)
 	}
 	args = append(args, s.owner)
@@ -321,7 +326,7 @@ func (s *setAttempt) exclusive() bool  { return true }
 func (s *setAttempt) channels() []string {
 	chs := make([]string, len(s.parts))
 	for i, a := range s.parts {
-		chs[i] = a.channel
+		chs[i] = a.channel()
 	}
 	return chs
 }
