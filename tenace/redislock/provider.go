@@ -66,11 +66,11 @@ type Provider struct {
 	// voidArg, markArg and windowArg are voidMS, markLife and the window
 	// in ms, boxed once for the scripts' arguments.
 	voidArg, markArg, windowArg any
-	logger           *slog.Logger
-	owner            string                      // recorded with every grant (WithOwner)
-	ownerArg         any                         // owner, boxed once for the acquire script's arguments
-	subs             *subscriber                 // one Pub/Sub connection for every waiter, open while any waits
-	probe            func(context.Context) error // dials the server, past go-redis's pool and retries; nil: unknown client
+	logger                      *slog.Logger
+	owner                       string                      // recorded with every grant (WithOwner)
+	ownerArg                    any                         // owner, boxed once for the acquire script's arguments
+	subs                        *subscriber                 // one Pub/Sub connection for every waiter, open while any waits
+	probe                       func(context.Context) error // dials the server, past go-redis's pool and retries; nil: unknown client
 	// unreachable: the last try ended on a failed dial (Provider.probe), so
 	// tries dial first, and a failed dial ends them probeAfter after the
 	// send unless answered, until one gets through (attempt.try).
