@@ -120,9 +120,9 @@ end
 // waiter's mark (0: it does not mark), ARGV[6] a void marker's life in ms,
 // ARGV[7] the grant's owner label. A grant records its owner (see
 // parseOwned); a refusal returns, fourth, the owner record of the holder
-// it saw (nil when that grant has none). One key name is sent, not six:
-// each costs the client an allocation and the server a string on every
-// grant.
+// it saw (nil when that grant has none). Only the lock's name is sent:
+// each name costs the client an allocation and the server a string on
+// every grant.
 //
 // Returns {1, fence} when the key is this token's: granted now, or by an
 // earlier run of the same acquire whose reply was lost (go-redis retries a
@@ -344,11 +344,17 @@ return 0
 `)
 
 // validate checks what Acquire is given: the kit's checks, and Redis's
-// resolution of a millisecond.
+// resolution of a millisecond (validTTL).
 func validate(key string, opts tenace.LockAcquireOptions) error {
 	if err := tenace.ValidateAcquire(key, opts); err != nil {
 		return err
 	}
+	return validTTL(opts)
+}
+
+// validTTL refuses a TTL under a millisecond, which Redis cannot keep; the
+// kit's checks (tenace.ValidateAcquire, ValidateSet) come first.
+func validTTL(opts tenace.LockAcquireOptions) error {
 	if opts.TTL > 0 && opts.TTL < time.Millisecond {
 		return fmt.Errorf("%w: LockAcquireOptions.TTL is %v; Redis keeps TTLs in whole milliseconds: use 1ms or more, or 0 for the provider's default", tenace.ErrInvalidOption, opts.TTL)
 	}

@@ -76,6 +76,7 @@ type Provider struct {
 	// send unless answered, until one gets through (attempt.try).
 	unreachable atomic.Bool
 	voids       *janitor // undoes acquires whose outcome is unknown
+	dog         watchdog // runs probe for the calls in flight (see probed)
 
 	stop context.Context // ends at Close: bounds background calls
 	halt context.CancelFunc
@@ -184,6 +185,7 @@ func New(client redis.UniversalClient, opts ...Option) *Provider {
 	p.voidMS = max(p.window, minVoidLife, retrySpan(client)).Milliseconds()
 	p.voidArg, p.markArg, p.windowArg = p.voidMS, p.markLife().Milliseconds(), p.window.Milliseconds()
 	p.probe = prober(client)
+	p.dog.probe = p.probe
 	p.stop, p.halt = context.WithCancel(context.Background())
 	p.voids = newJanitor(p)
 	if p.logger != nil {

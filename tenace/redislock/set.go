@@ -111,7 +111,7 @@ func (p *Provider) AcquireSet(ctx context.Context, keys []string, opts tenace.Lo
 	if err := tenace.ValidateSet(keys, opts); err != nil {
 		return nil, err
 	}
-	if err := validate(keys[0], opts); err != nil {
+	if err := validTTL(opts); err != nil {
 		return nil, err
 	}
 	if !p.oneSlot(keys) {
@@ -230,52 +230,6 @@ func (s *setAttempt) try(ctx context.Context) (reply, error) {
 		return err
 	})
 	return r, err
-}
-
-// probed runs f with ctx, and dials the server itself (Provider.probe) if
-// f has had no reply probeAfter after the send: a dial that fails ends f
-// with an *unreachableError. Once a dial has failed, the next calls dial
-// first and, if that fails, are still sent, but end on that failure
-// probeAfter after the send unless answered by then, until one gets
-// through: a dial can fail while the pool's connections still reach the
-// server (a failover client whose sentinels are down, a process out of
-// file descriptors), and a call that sent nothing could never learn it.
-// Single tries (attempt.try) and sets (setAttempt.try) both run through it.
-func (p *Provider) probed(ctx context.Context, f func(context.Context) error) error {
-	probe := p.probe
-	if probe == nil {
-		return f(ctx)
-	}
-	var failed error // the dial that failed just now, if the last call ended on one
-	if p.unreachable.Load() {
-		if err := probe(ctx); err != nil && !isTimeout(err) && ctx.Err() == nil {
-			failed = err
-		}
-	}
-	tctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	t := time.AfterFunc(probeAfter, func() {
-		err := failed
-		if err == nil {
-			if err = probe(tctx); err != nil && isTimeout(err) {
-				err = nil
-			}
-		}
-		if err != nil && tctx.Err() == nil {
-			cancel(&unreachableError{err: err})
-		}
-	})
-	defer t.Stop()
-	err := f(tctx)
-	var down *unreachableError
-	switch {
-	case err != nil && errors.As(context.Cause(tctx), &down):
-		p.unreachable.Store(true)
-		return down
-	case err == nil && p.unreachable.Load():
-		p.unreachable.Store(false)
-	}
-	return err
 }
 
 // tryOn runs the set's script once with ctx and reads its reply.
