@@ -111,18 +111,21 @@ local function owned(mode, us, fence, owner)
 end
 `
 
-// acquireScript: KEYS[1] the lock; the other names are made from it
-// (nameLua): the fencing counter, the void marker of this token, the
-// shared holders, the writers waiting and the owners (ownersSuffix), all
-// with the lock's hash tag, so on its cluster slot. ARGV[1] the token,
+// acquireScript: KEYS[1] the lock, KEYS[2] the void marker of this token,
+// KEYS[3] its fencing counter, KEYS[4] the shared holders, KEYS[5] the
+// writers waiting (the owners, ownersSuffix, are named from KEYS[1] in the
+// script: the same hash tag, so the same cluster slot); ARGV[1] the token,
 // ARGV[2] the first expiry in ms, ARGV[3] "1" for a shared caller,
 // ARGV[4] its permit count, ARGV[5] the life in ms of an exclusive
 // waiter's mark (0: it does not mark), ARGV[6] a void marker's life in ms,
 // ARGV[7] the grant's owner label. A grant records its owner (see
 // parseOwned); a refusal returns, fourth, the owner record of the holder
-// it saw (nil when that grant has none). Only the lock's name is sent:
-// each name costs the client an allocation and the server a string on
-// every grant.
+// it saw (nil when that grant has none). Every name the script reads or
+// writes for the lock is a declared key: while a Cluster migrates the
+// key's slot, Redis redirects the script or asks it to try again rather
+// than run it where some of them are already gone (a void marker missing
+// there would let a voided token take the key). The release script takes
+// the first two (attempt.keys).
 //
 // Returns {1, fence} when the key is this token's: granted now, or by an
 // earlier run of the same acquire whose reply was lost (go-redis retries a
@@ -149,7 +152,9 @@ var acquireScript = newScript("acquire", acquireLua)
 // acquireLua is acquireScript's source.
 const acquireLua = `
 redis.replicate_commands()
-` + sharedLua + nameLua + `
+` + sharedLua + `
+local voidKey, fenceKey, holders, writers = KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local owners = KEYS[1] .. '` + ownersSuffix + `'
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
 	return {1, tonumber(redis.call('GET', fenceKey) or '0')}
@@ -243,15 +248,6 @@ extend(holders, px)
 return {1, fence}
 `
 
-// nameLua makes, in a script that takes the lock name as KEYS[1] and the
-// token as ARGV[1], the names beside it (see names): fenceKey, voidKey (the
-// token's), holders, writers, owners and channel.
-const nameLua = `
-local fenceKey, voidKey = KEYS[1] .. '` + fenceSuffix + `', KEYS[1] .. '` + voidSuffix + `' .. ARGV[1]
-local holders, writers = KEYS[1] .. '` + holdersSuffix + `', KEYS[1] .. '` + writersSuffix + `'
-local owners, channel = KEYS[1] .. '` + ownersSuffix + `', KEYS[1] .. '` + channelSuffix + `'
-`
-
 // attempt is one Acquire call: every try of it sends the same token, so
 // that a try whose reply was lost and the next one agree, and so that the
 // janitor can undo them all at once.
@@ -267,9 +263,8 @@ type attempt struct {
 	owner               any           // the grant's owner: the provider's label, and the caller's (ownerOf)
 	heldBy              any           // the holder's owner record the last refusal returned (see parseOwned); nil: none
 	heldTTL             int64         // with heldBy: the holder's TTL in ms that refusal returned
-	keys                []string      // {lockKey}: the acquire script's keys, and an exclusive lease's
-	args                []any         // the acquire script's, made by its first run
-	names               [1]string     // keys' array
+	keys                []string      // the acquire script's keys (see acquireScript)
+	args                []any         // its arguments, made by its first run
 	argv                [7]any        // args' array
 }
 
@@ -277,8 +272,7 @@ func (p *Provider) newAttempt(key string, ttl time.Duration) *attempt {
 	var raw [16]byte
 	_, _ = rand.Read(raw[:]) // never fails on supported platforms (crypto/rand panics if it does)
 	a := &attempt{p: p, key: key, lockKey: p.lockName(key), token: hex.EncodeToString(raw[:])}
-	a.names[0] = a.lockKey
-	a.keys = a.names[:]
+	a.keys = []string{a.lockKey, voidKey(a.lockKey, a.token), a.lockKey + fenceSuffix, a.lockKey + holdersSuffix, a.lockKey + writersSuffix}
 	// Whole milliseconds, rounded down: the lease never promises more than
 	// the server keeps.
 	a.ttl = ttl.Truncate(time.Millisecond)
@@ -290,13 +284,12 @@ func (p *Provider) newAttempt(key string, ttl time.Duration) *attempt {
 	return a
 }
 
-// The names beside the attempt's lock name (see names), made when a path
-// other than the uncontended grant and release needs them.
+// The names beside the attempt's lock name (see names).
 func (a *attempt) channel() string    { return a.lockKey + channelSuffix }
-func (a *attempt) fenceKey() string   { return a.lockKey + fenceSuffix }
-func (a *attempt) voidKey() string    { return voidKey(a.lockKey, a.token) }
-func (a *attempt) holdersKey() string { return a.lockKey + holdersSuffix }
-func (a *attempt) writersKey() string { return a.lockKey + writersSuffix }
+func (a *attempt) voidKey() string    { return a.keys[1] }
+func (a *attempt) fenceKey() string   { return a.keys[2] }
+func (a *attempt) holdersKey() string { return a.keys[3] }
+func (a *attempt) writersKey() string { return a.keys[4] }
 
 // markLife is how long a waiting writer's mark lasts past its last try
 // (see the package doc, Fairness): three fallback retry intervals, a

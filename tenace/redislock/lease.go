@@ -10,24 +10,24 @@ import (
 	"tenace.dev/tenace/internal/keyfmt"
 )
 
-// releaseScript: KEYS[1] the lock (the token's void marker, see
-// voidScript, and the release channel are named from it: nameLua);
-// ARGV[1] the grant's token, ARGV[2] the marker's life in ms (see
-// minVoidLife). Deletes the lock only if it is still this grant's, and
-// marks the token void: an acquire script of this token that reaches the
-// server afterwards (a go-redis retry, or a copy queued on another
-// connection) takes nothing. A second run — go-redis retries a call whose
-// reply timed out, and the caller may call Release again — finds the
-// marker and reports the release done: 1 if this token's release deleted
-// the lock, 0 if the lock was never deleted by it (expired, or another's).
-var releaseScript = newScript("release", nameLua+`
+// releaseScript: KEYS[1] the lock, KEYS[2] the token's void marker (see
+// voidScript); ARGV[1] the grant's token, ARGV[2] the release channel,
+// ARGV[3] the marker's life in ms (see minVoidLife). Deletes the lock only
+// if it is still this grant's, and marks the token void: an acquire script
+// of this token that reaches the server afterwards (a go-redis retry, or a
+// copy queued on another connection) takes nothing. A second run — go-redis
+// retries a call whose reply timed out, and the caller may call Release
+// again — finds the marker and reports the release done: 1 if this token's
+// release deleted the lock, 0 if the lock was never deleted by it (expired,
+// or another's).
+var releaseScript = newScript("release", `
 if redis.call('GET', KEYS[1]) == ARGV[1] then
 	redis.call('DEL', KEYS[1])
-	redis.call('SET', voidKey, 'released', 'PX', ARGV[2])
-	redis.call('PUBLISH', channel, '1')
+	redis.call('SET', KEYS[2], 'released', 'PX', ARGV[3])
+	redis.call('PUBLISH', ARGV[2], '1')
 	return 1
 end
-if redis.call('GET', voidKey) == 'released' then
+if redis.call('GET', KEYS[2]) == 'released' then
 	return 1
 end
 return 0
@@ -68,7 +68,8 @@ return 0
 `)
 
 // sharedReleaseScript: KEYS[1] the lock, KEYS[2] the token's void marker,
-// KEYS[3] the shared holders; ARGV as releaseScript's. releaseScript for
+// KEYS[3] the shared holders; ARGV[1] the grant's token, ARGV[2] the
+// release channel, ARGV[3] the marker's life in ms. releaseScript for
 // a shared holder: it removes this holder's member, frees the lock name
 // with the last holder (else keeps it as long as the latest), marks the
 // token released and publishes the release; a second run finds the marker.
@@ -152,7 +153,7 @@ var (
 // timers.
 func (p *Provider) newLease(a *attempt, fence uint64, sent time.Time) *lease {
 	px := time.Duration(a.pxMS) * time.Millisecond
-	l := &lease{a: a, fence: fence, keys: a.keys, token: a.token, state: stateHeld, expiry: sent.Add(px)}
+	l := &lease{a: a, fence: fence, keys: a.keys[:1], token: a.token, state: stateHeld, expiry: sent.Add(px)}
 	if a.shared {
 		l.keys = []string{a.lockKey, a.holdersKey()}
 	}
@@ -450,7 +451,7 @@ func (l *lease) releaseCall(ctx context.Context) (int, error) {
 	if a.shared {
 		return sharedReleaseScript.Run(ctx, a.p.client, []string{a.lockKey, a.voidKey(), a.holdersKey()}, l.token, a.channel(), a.p.voidArg).Int()
 	}
-	return releaseScript.Run(ctx, a.p.client, a.keys, l.token, a.p.voidArg).Int()
+	return releaseScript.Run(ctx, a.p.client, a.keys[:2], l.token, a.channel(), a.p.voidArg).Int()
 }
 
 // Token is the grant's fencing token (see the package doc).

@@ -420,9 +420,7 @@ func (p *Provider) lockName(key string) string {
 	return p.prefix + "{" + key + "}"
 }
 
-// The suffixes of the names beside a key's lock name (see names). The
-// scripts that take only the lock name (KEYS[1]) make the others from it
-// with the same suffixes (nameLua), so that a grant sends one key name.
+// The suffixes of the names beside a key's lock name (see names).
 const (
 	fenceSuffix   = ":fence"    // the fencing counter
 	channelSuffix = ":released" // the release channel
