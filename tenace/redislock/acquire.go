@@ -80,10 +80,9 @@ end
 
 // fenceLua is the fencing rule, in the one place every script that grants
 // a key takes it from: micros() is the server's TIME in µs;
-// nextFence(k, us, last) sets the fencing counter k, whose value the
-// script read as last (GET's reply: a string, or false when k is
-// missing), to the new token and returns it; owned(mode, us, fence,
-// owner) is a grant's owner record (see parseOwned).
+// nextFence(k, us) advances the fencing counter k and returns the new
+// token; owned(mode, us, fence, owner) is a grant's owner record (see
+// parseOwned).
 //
 // The fencing token is max(counter + 1, the server's TIME in µs): strictly
 // above every earlier token of the key while the counter lives, and, after
@@ -97,9 +96,9 @@ local function micros()
 	local t = redis.call('TIME')
 	return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local function nextFence(k, us, last)
+local function nextFence(k, us)
 	local fence = us
-	last = tonumber(last or '0')
+	local last = tonumber(redis.call('GET', k) or '0')
 	if last >= fence then
 		fence = last + 1
 	end
@@ -203,7 +202,7 @@ if not shared then
 		local px, by = firstExpiry()
 		return {0, px, 0, by}
 	end
-	local fence = nextFence(fenceKey, us, redis.call('GET', fenceKey))
+	local fence = nextFence(fenceKey, us)
 	redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 	redis.call('DEL', owners)
 	redis.call('HSET', owners, ARGV[1], owned('x', us, fence, ARGV[7]))
@@ -227,7 +226,7 @@ if tonumber(count) > 0 and live >= tonumber(count) then
 	local px, by = firstExpiry()
 	return {0, px, 0, by}
 end
-local fence = nextFence(fenceKey, us, redis.call('GET', fenceKey))
+local fence = nextFence(fenceKey, us)
 local px = tonumber(ARGV[2])
 redis.call('ZADD', holders, ms + px, ARGV[1])
 if redis.call('HLEN', owners) > 2 * live + 8 then

@@ -65,7 +65,7 @@ for i = 1, n do
 	if own[i] then
 		res[1+i] = tonumber(redis.call('GET', KEYS[3*i-1]) or '0')
 	else
-		local fence = nextFence(KEYS[3*i-1], us, redis.call('GET', KEYS[3*i-1]))
+		local fence = nextFence(KEYS[3*i-1], us)
 		res[1+i] = fence
 		redis.call('SET', KEYS[3*i-2], ARGV[1+i], 'PX', ARGV[1])
 		if ARGV[2+n] then
