@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -35,7 +37,11 @@ func (h *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // redis-server, in the same run:
 //
 //	uncontended  one goroutine, acquire+release of its own key; also the
-//	             commands (round trips) per op
+//	             commands (round trips) per op, and the CPU each op costs:
+//	             the server's (server-µs/op, from INFO cpu; scripts-µs/op,
+//	             the time it spent in EVALSHA, from INFO commandstats) and
+//	             this process's (client-µs/op, from getrusage: steadier on
+//	             a loaded machine than ns/op, which is mostly waiting)
 //	handoff      8 goroutines on one key, each pausing 200µs between its
 //	             operations so that others are always waiting; handoff-µs is
 //	             the mean time from a release to the acquire of a different
@@ -52,13 +58,23 @@ func BenchmarkRedis(b *testing.B) {
 			ctx := context.Background()
 			_ = l.Do(ctx, "u-"+impl.name, load.Noop) // load the scripts
 			h.n.Store(0)
+			admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
+			defer admin.Close()
+			require.NoError(b, admin.ConfigResetStat(ctx).Err())
+			server, client := serverCPU(b, admin), processCPU()
 			b.ReportAllocs()
 			for b.Loop() {
 				if err := l.Do(ctx, "u-"+impl.name, load.Noop); err != nil {
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric(float64(h.n.Load())/float64(b.N), "cmds/op")
+			n := float64(b.N)
+			b.ReportMetric(float64(h.n.Load())/n, "cmds/op")
+			b.ReportMetric((serverCPU(b, admin)-server).Seconds()*1e6/n, "server-µs/op")
+			b.ReportMetric(scriptTime(b, admin).Seconds()*1e6/n, "scripts-µs/op")
+			if client >= 0 {
+				b.ReportMetric((processCPU()-client).Seconds()*1e6/n, "client-µs/op")
+			}
 		})
 	}
 	for _, impl := range redisImpls {
@@ -94,4 +110,43 @@ func TestRedisPeersReleaseWhenTheContextEndsWhileHolding(t *testing.T) {
 		l.Close()
 		require.NoError(t, c.Close())
 	}
+}
+
+// serverCPU is the CPU time the Redis server has used (INFO cpu: system and
+// user, its main thread and the others).
+func serverCPU(tb testing.TB, c *redis.Client) time.Duration {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	require.NoError(tb, err)
+	return infoSeconds(info, "used_cpu_sys:") + infoSeconds(info, "used_cpu_user:")
+}
+
+// scriptTime is the time the server spent running EVALSHA since its stats
+// were reset (INFO commandstats).
+func scriptTime(tb testing.TB, c *redis.Client) time.Duration {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	require.NoError(tb, err)
+	for _, line := range strings.Split(info, "\r\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:"); ok {
+			for _, f := range strings.Split(rest, ",") {
+				if us, ok := strings.CutPrefix(f, "usec="); ok {
+					n, err := strconv.ParseInt(us, 10, 64)
+					require.NoError(tb, err)
+					return time.Duration(n) * time.Microsecond
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// infoSeconds reads the field that starts with name in an INFO reply, in
+// seconds.
+func infoSeconds(info, name string) time.Duration {
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, name); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return time.Duration(f * float64(time.Second))
+		}
+	}
+	return 0
 }

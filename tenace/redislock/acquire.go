@@ -79,9 +79,10 @@ end
 `
 
 // fenceLua is the fencing rule, in the one place every script that grants
-// a key takes it from: micros() is the server's TIME in µs, and
+// a key takes it from: micros() is the server's TIME in µs;
 // nextFence(k, us) advances the fencing counter k and returns the new
-// token.
+// token; owned(mode, us, fence, owner) is a grant's owner record (see
+// parseOwned).
 //
 // The fencing token is max(counter + 1, the server's TIME in µs): strictly
 // above every earlier token of the key while the counter lives, and, after
@@ -104,18 +105,26 @@ local function nextFence(k, us)
 	redis.call('SET', k, string.format('%.0f', fence))
 	return fence
 end
+local function owned(mode, us, fence, owner)
+	return mode .. ' ' .. string.format('%.0f', math.floor(us / 1000)) .. ' ' .. string.format('%.0f', fence) .. ' ' .. owner
+end
 `
 
-// acquireScript: KEYS[1] the lock, KEYS[2] its fencing counter, KEYS[3]
-// the void marker of this token, KEYS[4] the shared holders, KEYS[5] the
-// writers waiting (the owners, ownersSuffix, are named from KEYS[1] in
-// the script: the same hash tag, so the same cluster slot); ARGV[1] the
-// token, ARGV[2] the first expiry in ms, ARGV[3] "1" for a shared caller,
+// acquireScript: KEYS[1] the lock, KEYS[2] the void marker of this token,
+// KEYS[3] its fencing counter, KEYS[4] the shared holders, KEYS[5] the
+// writers waiting (the owners, ownersSuffix, are named from KEYS[1] in the
+// script: the same hash tag, so the same cluster slot); ARGV[1] the token,
+// ARGV[2] the first expiry in ms, ARGV[3] "1" for a shared caller,
 // ARGV[4] its permit count, ARGV[5] the life in ms of an exclusive
 // waiter's mark (0: it does not mark), ARGV[6] a void marker's life in ms,
 // ARGV[7] the grant's owner label. A grant records its owner (see
 // parseOwned); a refusal returns, fourth, the owner record of the holder
-// it saw (nil when that grant has none).
+// it saw (nil when that grant has none). Every name the script reads or
+// writes for the lock is a declared key: while a Cluster migrates the
+// key's slot, Redis redirects the script or asks it to try again rather
+// than run it where some of them are already gone (a void marker missing
+// there would let a voided token take the key). The release script takes
+// the first two (attempt.keys).
 //
 // Returns {1, fence} when the key is this token's: granted now, or by an
 // earlier run of the same acquire whose reply was lost (go-redis retries a
@@ -137,13 +146,17 @@ end
 // grant is a member of the holders and a marker, in the token's void
 // marker, that keeps its fencing token for a retry of the same acquire.
 // The fencing token follows fenceLua's rule.
-var acquireScript = newScript("acquire", `
+var acquireScript = newScript("acquire", acquireLua)
+
+// acquireLua is acquireScript's source.
+const acquireLua = `
 redis.replicate_commands()
-`+sharedLua+`
-local owners = KEYS[1] .. ':owners'
+` + sharedLua + `
+local voidKey, fenceKey, holders, writers = KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local owners = KEYS[1] .. '` + ownersSuffix + `'
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
-	return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
+	return {1, tonumber(redis.call('GET', fenceKey) or '0')}
 end
 local shared = ARGV[3] == '1'
 if holder and not isShared(holder) then
@@ -151,20 +164,20 @@ if holder and not isShared(holder) then
 end
 local us = micros()
 local ms = math.floor(us / 1000)
-local void = redis.call('GET', KEYS[3])
+local void = redis.call('GET', voidKey)
 if shared and void and string.sub(void, 1, 5) == 'held:' then
-	local exp = redis.call('ZSCORE', KEYS[4], ARGV[1])
+	local exp = redis.call('ZSCORE', holders, ARGV[1])
 	if exp and tonumber(exp) > ms then
 		return {1, tonumber(string.sub(void, 6))}
 	end
 	void = nil
 end
 local live = 0
-if holder or shared and redis.call('EXISTS', KEYS[4]) == 1 then
-	prune(KEYS[4], ms)
-	live = redis.call('ZCARD', KEYS[4])
+if holder or shared and redis.call('EXISTS', holders) == 1 then
+	prune(holders, ms)
+	live = redis.call('ZCARD', holders)
 	if live == 0 then
-		redis.call('DEL', KEYS[4])
+		redis.call('DEL', holders)
 		if holder then
 			redis.call('DEL', KEYS[1])
 			holder = nil
@@ -175,35 +188,32 @@ if void then
 	return {-1, 0}
 end
 local function firstExpiry()
-	local e = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+	local e = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
 	return tonumber(e[2]) - ms, redis.call('HGET', owners, e[1])
-end
-local function owned(fence, mode)
-	return mode .. ' ' .. string.format('%.0f', ms) .. ' ' .. string.format('%.0f', fence) .. ' ' .. ARGV[7]
 end
 if not shared then
 	if live > 0 then
 		if tonumber(ARGV[5]) > 0 then
-			redis.call('ZADD', KEYS[5], ms + tonumber(ARGV[5]), ARGV[1])
-			extend(KEYS[5], tonumber(ARGV[5]))
+			redis.call('ZADD', writers, ms + tonumber(ARGV[5]), ARGV[1])
+			extend(writers, tonumber(ARGV[5]))
 			local px, by = firstExpiry()
 			return {0, px, 2, by}
 		end
 		local px, by = firstExpiry()
 		return {0, px, 0, by}
 	end
-	local fence = nextFence(KEYS[2], us)
+	local fence = nextFence(fenceKey, us)
 	redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 	redis.call('DEL', owners)
-	redis.call('HSET', owners, ARGV[1], owned(fence, 'x'))
-	if redis.call('EXISTS', KEYS[5]) == 1 then
-		redis.call('ZREM', KEYS[5], ARGV[1])
+	redis.call('HSET', owners, ARGV[1], owned('x', us, fence, ARGV[7]))
+	if redis.call('EXISTS', writers) == 1 then
+		redis.call('ZREM', writers, ARGV[1])
 	end
 	return {1, fence}
 end
-if redis.call('EXISTS', KEYS[5]) == 1 then
-	prune(KEYS[5], ms)
-	local w = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+if redis.call('EXISTS', writers) == 1 then
+	prune(writers, ms)
+	local w = redis.call('ZRANGE', writers, 0, 0, 'WITHSCORES')
 	if #w > 0 then
 		return {0, tonumber(w[2]) - ms, 1}
 	end
@@ -216,55 +226,52 @@ if tonumber(count) > 0 and live >= tonumber(count) then
 	local px, by = firstExpiry()
 	return {0, px, 0, by}
 end
-local fence = nextFence(KEYS[2], us)
+local fence = nextFence(fenceKey, us)
 local px = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[4], ms + px, ARGV[1])
+redis.call('ZADD', holders, ms + px, ARGV[1])
 if redis.call('HLEN', owners) > 2 * live + 8 then
 	for _, t in ipairs(redis.call('HKEYS', owners)) do
-		if not redis.call('ZSCORE', KEYS[4], t) then
+		if not redis.call('ZSCORE', holders, t) then
 			redis.call('HDEL', owners, t)
 		end
 	end
 end
-redis.call('HSET', owners, ARGV[1], owned(fence, 's' .. count))
-redis.call('SET', KEYS[3], 'held:' .. string.format('%.0f', fence), 'PX', ARGV[6])
+redis.call('HSET', owners, ARGV[1], owned('s' .. count, us, fence, ARGV[7]))
+redis.call('SET', voidKey, 'held:' .. string.format('%.0f', fence), 'PX', ARGV[6])
 if holder then
 	extendTo(KEYS[1], ms, ms + px)
 else
 	redis.call('SET', KEYS[1], 'shared:' .. count, 'PXAT', ms + px)
 end
-extend(KEYS[4], px)
+extend(holders, px)
 return {1, fence}
-`)
+`
 
 // attempt is one Acquire call: every try of it sends the same token, so
 // that a try whose reply was lost and the next one agree, and so that the
 // janitor can undo them all at once.
 type attempt struct {
-	p                               *Provider
-	key, lockKey, fenceKey, channel string
-	holdersKey, writersKey          string
-	token, voidKey                  string
-	pxMS                            int64         // the first expiry Redis is told, whole ms: min(window, TTL)
-	ttl                             time.Duration // the cap, whole ms; 0: none
-	shared                          bool          // a shared caller: one of the key's permits
-	permits                         int           // with shared: the key's count (0: no limit)
-	markMS                          int64         // an exclusive waiter's mark life in ms (see markLife); 0: it does not mark
-	marked                          bool          // a try of this exclusive caller marked the key (see unmark)
-	owner                           any           // the grant's owner: the provider's label, and the caller's (ownerOf)
-	heldBy                          any           // the holder's owner record the last refusal returned (see parseOwned); nil: none
-	heldTTL                         int64         // with heldBy: the holder's TTL in ms that refusal returned
-	keys                            []string      // the acquire script's, made by its first run
-	args                            []any         // likewise
+	p                   *Provider
+	key, lockKey, token string
+	pxMS                int64         // the first expiry Redis is told, whole ms: min(window, TTL)
+	ttl                 time.Duration // the cap, whole ms; 0: none
+	shared              bool          // a shared caller: one of the key's permits
+	permits             int           // with shared: the key's count (0: no limit)
+	markMS              int64         // an exclusive waiter's mark life in ms (see markLife); 0: it does not mark
+	marked              bool          // a try of this exclusive caller marked the key (see unmark)
+	owner               any           // the grant's owner: the provider's label, and the caller's (ownerOf)
+	heldBy              any           // the holder's owner record the last refusal returned (see parseOwned); nil: none
+	heldTTL             int64         // with heldBy: the holder's TTL in ms that refusal returned
+	keys                []string      // the acquire script's keys (see acquireScript)
+	args                []any         // its arguments, made by its first run
+	argv                [7]any        // args' array
 }
 
 func (p *Provider) newAttempt(key string, ttl time.Duration) *attempt {
 	var raw [16]byte
 	_, _ = rand.Read(raw[:]) // never fails on supported platforms (crypto/rand panics if it does)
-	a := &attempt{p: p, key: key, token: hex.EncodeToString(raw[:])}
-	a.lockKey, a.fenceKey, a.channel = p.names(key)
-	a.holdersKey, a.writersKey = a.lockKey+":holders", a.lockKey+":writers"
-	a.voidKey = voidKey(a.lockKey, a.token)
+	a := &attempt{p: p, key: key, lockKey: p.lockName(key), token: hex.EncodeToString(raw[:])}
+	a.keys = []string{a.lockKey, voidKey(a.lockKey, a.token), a.lockKey + fenceSuffix, a.lockKey + holdersSuffix, a.lockKey + writersSuffix}
 	// Whole milliseconds, rounded down: the lease never promises more than
 	// the server keeps.
 	a.ttl = ttl.Truncate(time.Millisecond)
@@ -275,6 +282,13 @@ func (p *Provider) newAttempt(key string, ttl time.Duration) *attempt {
 	a.pxMS = px.Milliseconds()
 	return a
 }
+
+// The names beside the attempt's lock name (see names).
+func (a *attempt) channel() string    { return a.lockKey + channelSuffix }
+func (a *attempt) voidKey() string    { return a.keys[1] }
+func (a *attempt) fenceKey() string   { return a.keys[2] }
+func (a *attempt) holdersKey() string { return a.keys[3] }
+func (a *attempt) writersKey() string { return a.keys[4] }
 
 // markLife is how long a waiting writer's mark lasts past its last try
 // (see the package doc, Fairness): three fallback retry intervals, a
@@ -307,7 +321,7 @@ func (p *Provider) unmark(a *attempt) {
 		defer p.bg.Done()
 		ctx, cancel := context.WithTimeout(p.stop, time.Duration(a.markMS)*time.Millisecond)
 		defer cancel()
-		_ = unmarkScript.Run(ctx, p.client, []string{a.writersKey}, a.token, a.channel).Err()
+		_ = unmarkScript.Run(ctx, p.client, []string{a.writersKey()}, a.token, a.channel()).Err()
 	}()
 }
 
@@ -322,11 +336,17 @@ return 0
 `)
 
 // validate checks what Acquire is given: the kit's checks, and Redis's
-// resolution of a millisecond.
+// resolution of a millisecond (validTTL).
 func validate(key string, opts tenace.LockAcquireOptions) error {
 	if err := tenace.ValidateAcquire(key, opts); err != nil {
 		return err
 	}
+	return validTTL(opts)
+}
+
+// validTTL refuses a TTL under a millisecond, which Redis cannot keep; the
+// kit's checks (tenace.ValidateAcquire, ValidateSet) come first.
+func validTTL(opts tenace.LockAcquireOptions) error {
 	if opts.TTL > 0 && opts.TTL < time.Millisecond {
 		return fmt.Errorf("%w: LockAcquireOptions.TTL is %v; Redis keeps TTLs in whole milliseconds: use 1ms or more, or 0 for the provider's default", tenace.ErrInvalidOption, opts.TTL)
 	}
@@ -556,24 +576,28 @@ func (a *attempt) tryOn(ctx context.Context) (reply, error) {
 // The claim of one key: see claim.
 func (a *attempt) queueVoid()         { a.p.voids.add(a) }
 func (a *attempt) describe() string   { return keyfmt.Quote(a.key) }
-func (a *attempt) channels() []string { return []string{a.channel} }
+func (a *attempt) channels() []string { return []string{a.channel()} }
 func (a *attempt) exclusive() bool    { return !a.shared }
 
 // run runs the acquire script once and returns its reply.
 // Its keys and arguments are made once, on the first try: a waiter's
 // later tries allocate none.
 func (a *attempt) run(ctx context.Context) ([]int64, error) {
-	if a.keys == nil {
+	if a.args == nil {
 		shared := argExclusive
 		if a.shared {
 			shared = argShared
 		}
-		a.keys = []string{a.lockKey, a.fenceKey, a.voidKey, a.holdersKey, a.writersKey}
 		mark := argNone
 		if a.markMS > 0 {
 			mark = a.p.markArg
 		}
-		a.args = []any{a.token, a.pxMS, shared, a.permits, mark, a.p.voidArg, a.owner}
+		px := a.p.windowArg
+		if a.pxMS != a.p.window.Milliseconds() {
+			px = a.pxMS
+		}
+		a.argv = [7]any{a.token, px, shared, a.permits, mark, a.p.voidArg, a.owner}
+		a.args = a.argv[:]
 	}
 	res, err := acquireScript.Run(ctx, a.p.client, a.keys, a.args...).Slice()
 	if err != nil {

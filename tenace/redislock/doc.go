@@ -213,10 +213,11 @@
 // # Names
 //
 // The lock of key is named prefix + "{" + key + "}"; its fencing counter,
-// release channel, void markers, shared holders and writers waiting are
-// that name and a suffix (":fence", ":released", ":void:" and the token,
-// ":holders", ":writers"), so they share its hash tag — key
-// up to its first "}" — and the scripts work on a Redis Cluster. The prefix
+// release channel, void markers, shared holders, writers waiting and
+// owner records are that name and a suffix (":fence", ":released",
+// ":void:" and the token, ":holders", ":writers", ":owners"), so they
+// share its hash tag — key up to its first "}" — and the scripts work on a
+// Redis Cluster. The prefix
 // must not contain braces. A key that starts with "}" would make that tag
 // empty, which Redis ignores (the names would hash to different slots), so
 // such a key is named prefix + "}{" + h + "}" + key + "}" instead, and the

@@ -69,7 +69,7 @@ const ProbeAfter = probeAfter
 // member of it, if l is a shared lease.
 func SharedMember(l tenace.LockLease) (holders, member string, ok bool) {
 	a := l.(*lease).a
-	return a.holdersKey, a.token, a.shared
+	return a.holdersKey(), a.token, a.shared
 }
 
 // MarkLife is how long p's waiting writers' marks last past their last try.

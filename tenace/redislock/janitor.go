@@ -49,9 +49,9 @@ return 0
 // void runs a's void script once.
 func (a *attempt) void(ctx context.Context) error {
 	if a.shared {
-		return sharedVoidScript.Run(ctx, a.p.client, []string{a.lockKey, a.voidKey, a.holdersKey}, a.token, a.channel, a.p.voidMS).Err()
+		return sharedVoidScript.Run(ctx, a.p.client, []string{a.lockKey, a.voidKey(), a.holdersKey()}, a.token, a.channel(), a.p.voidArg).Err()
 	}
-	return voidScript.Run(ctx, a.p.client, []string{a.lockKey, a.voidKey}, a.token, a.channel, a.p.voidMS).Err()
+	return voidScript.Run(ctx, a.p.client, []string{a.lockKey, a.voidKey()}, a.token, a.channel(), a.p.voidArg).Err()
 }
 
 // minVoidLife is the shortest life of a token's void marker (set by a

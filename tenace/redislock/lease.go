@@ -12,14 +12,14 @@ import (
 
 // releaseScript: KEYS[1] the lock, KEYS[2] the token's void marker (see
 // voidScript); ARGV[1] the grant's token, ARGV[2] the release channel,
-// ARGV[3] the marker's life in ms (see minVoidLife). Deletes the lock only if it is still
-// this grant's, and marks the token void: an acquire script of this token
-// that reaches the server afterwards (a go-redis retry, or a copy queued on
-// another connection) takes nothing. A second run — go-redis retries a
-// call whose reply timed out, and the caller may call Release again —
-// finds the marker and reports the release done: 1 if this token's release
-// deleted the lock, 0 if the lock was never deleted by it (expired, or
-// another's).
+// ARGV[3] the marker's life in ms (see minVoidLife). Deletes the lock only
+// if it is still this grant's, and marks the token void: an acquire script
+// of this token that reaches the server afterwards (a go-redis retry, or a
+// copy queued on another connection) takes nothing. A second run — go-redis
+// retries a call whose reply timed out, and the caller may call Release
+// again — finds the marker and reports the release done: 1 if this token's
+// release deleted the lock, 0 if the lock was never deleted by it (expired,
+// or another's).
 var releaseScript = newScript("release", `
 if redis.call('GET', KEYS[1]) == ARGV[1] then
 	redis.call('DEL', KEYS[1])
@@ -68,7 +68,8 @@ return 0
 `)
 
 // sharedReleaseScript: KEYS[1] the lock, KEYS[2] the token's void marker,
-// KEYS[3] the shared holders; ARGV as releaseScript's. releaseScript for
+// KEYS[3] the shared holders; ARGV[1] the grant's token, ARGV[2] the
+// release channel, ARGV[3] the marker's life in ms. releaseScript for
 // a shared holder: it removes this holder's member, frees the lock name
 // with the last holder (else keeps it as long as the latest), marks the
 // token released and publishes the release; a second run finds the marker.
@@ -152,9 +153,9 @@ var (
 // timers.
 func (p *Provider) newLease(a *attempt, fence uint64, sent time.Time) *lease {
 	px := time.Duration(a.pxMS) * time.Millisecond
-	l := &lease{a: a, fence: fence, keys: []string{a.lockKey}, token: a.token, state: stateHeld, expiry: sent.Add(px)}
+	l := &lease{a: a, fence: fence, keys: a.keys[:1], token: a.token, state: stateHeld, expiry: sent.Add(px)}
 	if a.shared {
-		l.keys = append(l.keys, a.holdersKey)
+		l.keys = []string{a.lockKey, a.holdersKey()}
 	}
 	l.lossAt = l.expiry.Add(-lossMargin(px))
 	if a.ttl > 0 {
@@ -175,9 +176,9 @@ func (p *Provider) newLease(a *attempt, fence uint64, sent time.Time) *lease {
 	if l.a.shared {
 		p.sharedHeld.Add(1)
 	}
-	l.lossT = l.arm(time.Until(l.lossAt), l.expire)
+	l.lossT = l.arm(time.Until(l.lossAt), l.lossFired)
 	if !l.final {
-		l.renewT = l.arm(l.nextRenewal(), l.renew)
+		l.renewT = l.arm(l.nextRenewal(), l.renewFired)
 	}
 	return l
 }
@@ -208,19 +209,21 @@ func lossMargin(px time.Duration) time.Duration {
 }
 
 // arm starts a timer that runs f after d, counted in the provider's bg
-// group until f returns or disarm stops it. rearm runs it again after d.
-// With l.mu held, and either the provider's mu held while it is not
-// closed, or from a timer callback (which holds a count itself), so that bg
-// never goes from zero to one during Close's Wait. Timers are made once per
-// lease and reset, so a renewal allocates no timer.
+// group until f returns or disarm stops it; f is lossFired or renewFired,
+// which give the count back. rearm runs it again after d. With l.mu held,
+// and either the provider's mu held while it is not closed, or from a
+// timer callback (which holds a count itself), so that bg never goes from
+// zero to one during Close's Wait. Timers are made once per lease and
+// reset, so a renewal allocates no timer.
 func (l *lease) arm(d time.Duration, f func()) *time.Timer {
-	bg := &l.a.p.bg
-	bg.Add(1)
-	return time.AfterFunc(d, func() {
-		defer bg.Done()
-		f()
-	})
+	l.a.p.bg.Add(1)
+	return time.AfterFunc(d, f)
 }
+
+// lossFired and renewFired are lossT's and renewT's callbacks: expire and
+// renew, then the count arm took.
+func (l *lease) lossFired()  { defer l.a.p.bg.Done(); l.expire() }
+func (l *lease) renewFired() { defer l.a.p.bg.Done(); l.renew() }
 
 // rearm: see arm; t is a timer from arm.
 func (l *lease) rearm(t *time.Timer, d time.Duration) {
@@ -446,9 +449,9 @@ func (l *lease) Release(ctx context.Context) error {
 func (l *lease) releaseCall(ctx context.Context) (int, error) {
 	a := l.a
 	if a.shared {
-		return sharedReleaseScript.Run(ctx, a.p.client, []string{a.lockKey, a.voidKey, a.holdersKey}, l.token, a.channel, a.p.voidMS).Int()
+		return sharedReleaseScript.Run(ctx, a.p.client, []string{a.lockKey, a.voidKey(), a.holdersKey()}, l.token, a.channel(), a.p.voidArg).Int()
 	}
-	return releaseScript.Run(ctx, a.p.client, []string{a.lockKey, a.voidKey}, l.token, a.channel, a.p.voidMS).Int()
+	return releaseScript.Run(ctx, a.p.client, a.keys[:2], l.token, a.channel(), a.p.voidArg).Int()
 }
 
 // Token is the grant's fencing token (see the package doc).

@@ -63,19 +63,20 @@ type Provider struct {
 	interval time.Duration // renewal interval; 0 until New settles it
 	retry    time.Duration
 	voidMS   int64 // a void marker's life in ms: max(window, minVoidLife, retrySpan)
-	// voidArg and markArg are voidMS and markLife in ms, boxed once for
-	// the acquire script's arguments.
-	voidArg, markArg any
-	logger           *slog.Logger
-	owner            string                      // recorded with every grant (WithOwner)
-	ownerArg         any                         // owner, boxed once for the acquire script's arguments
-	subs             *subscriber                 // one Pub/Sub connection for every waiter, open while any waits
-	probe            func(context.Context) error // dials the server, past go-redis's pool and retries; nil: unknown client
+	// voidArg, markArg and windowArg are voidMS, markLife and the window
+	// in ms, boxed once for the scripts' arguments.
+	voidArg, markArg, windowArg any
+	logger                      *slog.Logger
+	owner                       string                      // recorded with every grant (WithOwner)
+	ownerArg                    any                         // owner, boxed once for the acquire script's arguments
+	subs                        *subscriber                 // one Pub/Sub connection for every waiter, open while any waits
+	probe                       func(context.Context) error // dials the server, past go-redis's pool and retries; nil: unknown client
 	// unreachable: the last try ended on a failed dial (Provider.probe), so
 	// tries dial first, and a failed dial ends them probeAfter after the
 	// send unless answered, until one gets through (attempt.try).
 	unreachable atomic.Bool
 	voids       *janitor // undoes acquires whose outcome is unknown
+	dog         watchdog // runs probe for the calls in flight (see probed)
 
 	stop context.Context // ends at Close: bounds background calls
 	halt context.CancelFunc
@@ -182,8 +183,9 @@ func New(client redis.UniversalClient, opts ...Option) *Provider {
 		panic(fmt.Sprintf("tenace: redislock.New: the renewal interval (%v) must be below the window (%v)", p.interval, p.window))
 	}
 	p.voidMS = max(p.window, minVoidLife, retrySpan(client)).Milliseconds()
-	p.voidArg, p.markArg = p.voidMS, p.markLife().Milliseconds()
+	p.voidArg, p.markArg, p.windowArg = p.voidMS, p.markLife().Milliseconds(), p.window.Milliseconds()
 	p.probe = prober(client)
+	p.dog.probe = p.probe
 	p.stop, p.halt = context.WithCancel(context.Background())
 	p.voids = newJanitor(p)
 	if p.logger != nil {
@@ -404,16 +406,29 @@ var errClosed = fmt.Errorf("%w (redislock.Provider.Close was called)", tenace.Er
 // those of earlier versions, so a process running one of them still
 // excludes this one on every key that does not start with "}".
 func (p *Provider) names(key string) (lock, fence, channel string) {
+	lock = p.lockName(key)
+	return lock, lock + fenceSuffix, lock + channelSuffix
+}
+
+// lockName is key's lock name (see names).
+func (p *Provider) lockName(key string) string {
 	if strings.HasPrefix(key, "}") {
 		h := fnv.New64a()
 		_, _ = h.Write([]byte(key))
-		lock = fmt.Sprintf("%s}{%016x}%s}", p.prefix, h.Sum64(), key)
-	} else {
-		lock = p.prefix + "{" + key + "}"
+		return fmt.Sprintf("%s}{%016x}%s}", p.prefix, h.Sum64(), key)
 	}
-	return lock, lock + ":fence", lock + ":released"
+	return p.prefix + "{" + key + "}"
 }
+
+// The suffixes of the names beside a key's lock name (see names).
+const (
+	fenceSuffix   = ":fence"    // the fencing counter
+	channelSuffix = ":released" // the release channel
+	voidSuffix    = ":void:"    // and a token: that token's void marker (see janitor)
+	holdersSuffix = ":holders"  // the shared holders
+	writersSuffix = ":writers"  // the writers waiting
+)
 
 // voidKey is the marker that keeps token from ever holding lockKey: see
 // janitor.
-func voidKey(lockKey, token string) string { return lockKey + ":void:" + token }
+func voidKey(lockKey, token string) string { return lockKey + voidSuffix + token }

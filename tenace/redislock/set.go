@@ -71,7 +71,7 @@ for i = 1, n do
 		if ARGV[2+n] then
 			local owners = KEYS[3*i-2] .. ':owners'
 			redis.call('DEL', owners)
-			redis.call('HSET', owners, ARGV[1+i], 'x ' .. string.format('%.0f', math.floor(us / 1000)) .. ' ' .. string.format('%.0f', fence) .. ' ' .. ARGV[2+n])
+			redis.call('HSET', owners, ARGV[1+i], owned('x', us, fence, ARGV[2+n]))
 		end
 	end
 end
@@ -111,7 +111,7 @@ func (p *Provider) AcquireSet(ctx context.Context, keys []string, opts tenace.Lo
 	if err := tenace.ValidateSet(keys, opts); err != nil {
 		return nil, err
 	}
-	if err := validate(keys[0], opts); err != nil {
+	if err := validTTL(opts); err != nil {
 		return nil, err
 	}
 	if !p.oneSlot(keys) {
@@ -178,6 +178,11 @@ func hashTag(name string) string {
 // waitContexts builds the contexts of one Acquire or AcquireSet (see
 // waitCtx). done releases them.
 func (p *Provider) waitContexts(ctx context.Context, opts tenace.LockAcquireOptions) (waitCtx, func()) {
+	if opts.Timeout <= 0 {
+		// No Timeout: the acquire ends with ctx alone, whatever the clock
+		// (tenace.AcquireContext's actx would only follow it).
+		return waitCtx{caller: ctx, acq: ctx, call: ctx, try: ctx, timeout: opts.Timeout}, func() {}
+	}
 	actx, cancel := tenace.AcquireContext(ctx, opts)
 	w := waitCtx{caller: ctx, acq: actx, call: actx, try: actx, timeout: opts.Timeout}
 	if !clock.IsSystem(opts.Clock) {
@@ -227,52 +232,6 @@ func (s *setAttempt) try(ctx context.Context) (reply, error) {
 	return r, err
 }
 
-// probed runs f with ctx, and dials the server itself (Provider.probe) if
-// f has had no reply probeAfter after the send: a dial that fails ends f
-// with an *unreachableError. Once a dial has failed, the next calls dial
-// first and, if that fails, are still sent, but end on that failure
-// probeAfter after the send unless answered by then, until one gets
-// through: a dial can fail while the pool's connections still reach the
-// server (a failover client whose sentinels are down, a process out of
-// file descriptors), and a call that sent nothing could never learn it.
-// Single tries (attempt.try) and sets (setAttempt.try) both run through it.
-func (p *Provider) probed(ctx context.Context, f func(context.Context) error) error {
-	probe := p.probe
-	if probe == nil {
-		return f(ctx)
-	}
-	var failed error // the dial that failed just now, if the last call ended on one
-	if p.unreachable.Load() {
-		if err := probe(ctx); err != nil && !isTimeout(err) && ctx.Err() == nil {
-			failed = err
-		}
-	}
-	tctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	t := time.AfterFunc(probeAfter, func() {
-		err := failed
-		if err == nil {
-			if err = probe(tctx); err != nil && isTimeout(err) {
-				err = nil
-			}
-		}
-		if err != nil && tctx.Err() == nil {
-			cancel(&unreachableError{err: err})
-		}
-	})
-	defer t.Stop()
-	err := f(tctx)
-	var down *unreachableError
-	switch {
-	case err != nil && errors.As(context.Cause(tctx), &down):
-		p.unreachable.Store(true)
-		return down
-	case err == nil && p.unreachable.Load():
-		p.unreachable.Store(false)
-	}
-	return err
-}
-
 // tryOn runs the set's script once with ctx and reads its reply.
 func (s *setAttempt) tryOn(ctx context.Context) (reply, error) {
 	n := len(s.parts)
@@ -280,7 +239,7 @@ func (s *setAttempt) tryOn(ctx context.Context) (reply, error) {
 	args := make([]any, 1, 2+n)
 	args[0] = s.parts[0].pxMS
 	for _, a := range s.parts {
-		keys = append(keys, a.lockKey, a.fenceKey, a.voidKey)
+		keys = append(keys, a.lockKey, a.fenceKey(), a.voidKey())
 		args = append(args, a.token)
 	}
 	args = append(args, s.owner)
@@ -321,7 +280,7 @@ func (s *setAttempt) exclusive() bool  { return true }
 func (s *setAttempt) channels() []string {
 	chs := make([]string, len(s.parts))
 	for i, a := range s.parts {
-		chs[i] = a.channel
+		chs[i] = a.channel()
 	}
 	return chs
 }

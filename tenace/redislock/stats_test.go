@@ -26,10 +26,8 @@ func (lostReplyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		if ctx.Value(lostReplyKey{}) != nil && err == nil {
-			if n := cmd.Name(); n == "evalsha" || n == "eval" {
-				if args := cmd.Args(); len(args) > 2 && args[2] == 5 {
-					return errors.New("test: the reply was lost")
-				}
+			if redislock.ScriptName(cmd) == "acquire" {
+				return errors.New("test: the reply was lost")
 			}
 		}
 		return err
