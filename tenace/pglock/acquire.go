@@ -141,7 +141,14 @@ func (p *Provider) acquire(c *call) (tenace.LockLease, error) {
 	defer cancel()
 	c.wctx = wctx
 
-	// A connection slot: the provider's bound on connections.
+	// A nested wait takes the session of what its execution holds;
+	// another, a connection slot: the provider's bound on connections.
+	if c.sess = p.sessionFor(c); c.sess != nil {
+		if !c.bounded {
+			return c.run()
+		}
+		return c.runBounded()
+	}
 	select {
 	case p.slots <- struct{}{}:
 	default:
@@ -212,6 +219,10 @@ type call struct {
 	state    atomic.Int32
 	phase    atomic.Int32 // what the server was last asked, for the error
 	heldBy   []byte       // the key's owners when a NoWait try was refused (see onHeld)
+	// sess is the session of a lease the caller's execution holds, taken
+	// for a nested wait (see sessionFor): the call uses no connection or
+	// slot of its own. nil for a call on a connection of its own.
+	sess *session
 }
 
 // The states of a call (see call).
@@ -261,7 +272,11 @@ func (c *call) runBounded() (tenace.LockLease, error) {
 		stopClosed()
 		scancel()
 		wcancel(nil)
-		<-p.slots
+		if c.sess != nil {
+			c.sess.put()
+		} else {
+			<-p.slots
+		}
 		return nil, p.closedErr()
 	}
 	p.workers.Add(1)
@@ -331,6 +346,9 @@ func (c *call) untilDeadline() error {
 
 // run connects and locks, within wctx; it owns the call's connection slot.
 func (c *call) run() (l tenace.LockLease, err error) {
+	if c.sess != nil {
+		return c.lockOn()
+	}
 	leased := false
 	defer func() {
 		if !leased && !c.freed {
@@ -464,6 +482,7 @@ func (c *call) attempt(key string, got int, registered, reconnected bool) attemp
 		key: key, table: c.p.table, mode: c.mode(), noWait: c.opts.Timeout == tenace.NoWait, fencing: c.p.fencing,
 		bounded: c.bounded, set: c.keys != nil, got: got, keys: len(c.keys),
 		registered: registered, reconnected: reconnected, gated: c.gated, listening: c.listening, stepped: c.step,
+		holding: c.sess != nil,
 	}
 	if c.bounded {
 		now := time.Now()
@@ -482,7 +501,9 @@ func (c *call) tellHeld() {
 		return
 	}
 	c.told, c.freed = true, true
-	<-c.p.slots
+	if c.sess == nil {
+		<-c.p.slots // a nested call has no slot of its own
+	}
 	c.early <- outcome{}
 }
 
