@@ -333,3 +333,110 @@ func TestNestedSiblingsNeverShareAKey(t *testing.T) {
 	require.NoError(t, err)
 	requireNoLocks(t, srv, keys...)
 }
+
+// TestNestedTTLEndsTheNestedKeyAlone: a nested lease's TTL loses it
+// (tenace.ErrLeaseExpired) and unlocks its key alone: the outer lease, on
+// the same session, is still held and not lost.
+func TestNestedTTLEndsTheNestedKeyAlone(t *testing.T) {
+	srv := server(t)
+	p := newProvider(t, srv)
+	keys := setKeys(t, 2)
+	registerKeys(t, p, keys...)
+	err := lockIn(bg, p, keys[0], 0, func(ctx context.Context) error {
+		outer, _ := tenace.LeaseFrom(ctx)
+		var cause error
+		err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: keys[1], Timeout: time.Minute, TTL: 100 * time.Millisecond}).
+			Execute(ctx, func(ictx context.Context) error {
+				select {
+				case <-ictx.Done():
+				case <-time.After(20 * time.Second):
+					t.Fatal("the nested lease's TTL did not end it")
+				}
+				cause = context.Cause(ictx)
+				return nil
+			})
+		require.NoError(t, err)
+		require.ErrorIs(t, cause, tenace.ErrLeaseExpired)
+		require.Nil(t, outer.(tenace.LosableLease).Err(), "the outer lease is not lost")
+		require.Nil(t, ctx.Err())
+		require.Contains(t, locks(t, srv, keys[0]), fmt.Sprintf("%d:true", pglock.BackendPID(outer)))
+		require.Empty(t, locks(t, srv, keys[1]))
+		return nil
+	})
+	require.NoError(t, err)
+	requireNoLocks(t, srv, keys...)
+}
+
+// TestNestedClose: Close while an outer and a nested lease share a
+// session loses both, and leaves nothing locked.
+func TestNestedClose(t *testing.T) {
+	srv := server(t)
+	p, err := pglock.New(bg, srv.ConnString())
+	require.NoError(t, err)
+	keys := setKeys(t, 2)
+	registerKeys(t, p, keys...)
+	var causes []error
+	err = lockIn(bg, p, keys[0], 0, func(octx context.Context) error {
+		return lockIn(octx, p, keys[1], time.Minute, func(ictx context.Context) error {
+			require.NoError(t, p.Close())
+			for _, c := range []context.Context{ictx, octx} {
+				<-c.Done() // Close signals every loss before it returns
+				causes = append(causes, context.Cause(c))
+			}
+			return nil
+		})
+	})
+	require.NoError(t, err)
+	for _, c := range causes {
+		require.ErrorIs(t, c, tenace.ErrLeaseLost)
+	}
+	requireNoLocks(t, srv, keys...)
+}
+
+// TestNestedWaitOutlivesTheOuterLock: a goroutine of the execution waits,
+// nested, on the outer key's session when the outer Lock returns. With
+// fn's context, the wait ends as fn returns (context.Canceled), and the
+// outer key is unlocked after it. With context.WithoutCancel(fn's
+// context), nothing ends the wait: the outer Lock's release waits for the
+// session up to its bound (here 300 ms), then closes the session's
+// connection, which frees every lock on it; the goroutine's wait fails.
+// Either way nothing is left locked.
+func TestNestedWaitOutlivesTheOuterLock(t *testing.T) {
+	defer pglock.SetReleaseTimeout(300 * time.Millisecond)()
+	for _, detached := range []bool{false, true} {
+		t.Run(fmt.Sprintf("WithoutCancel %v", detached), func(t *testing.T) {
+			srv := server(t)
+			p := newProvider(t, srv)
+			other := newProvider(t, srv)
+			keys := setKeys(t, 2)
+			registerKeys(t, p, keys...)
+			k1 := mustAcquire(t, other, keys[1], tenace.LockAcquireOptions{})
+			nested := make(chan error, 1)
+			err := lockIn(bg, p, keys[0], 0, func(ctx context.Context) error {
+				outer, _ := tenace.LeaseFrom(ctx)
+				if detached {
+					ctx = context.WithoutCancel(ctx)
+				}
+				go func() { nested <- lockIn(ctx, p, keys[1], 0, func(context.Context) error { return nil }) }()
+				waitForWaiters(t, srv, keys[1], 1)
+				require.Equal(t, pglock.BackendPID(outer), waitingPID(t, srv, keys[1]))
+				return nil
+			})
+			require.NoError(t, err)
+			select {
+			case err := <-nested:
+				if detached {
+					var failed *tenace.UnexpectedError
+					require.ErrorAs(t, err, &failed)
+				} else {
+					require.ErrorIs(t, err, context.Canceled)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("the nested wait did not end")
+			}
+			require.NoError(t, k1.Release(bg))
+			require.Equal(t, 0, p.Stats().Held)
+			requireNoLocks(t, srv, keys...)
+		})
+	}
+}
