@@ -242,8 +242,7 @@ func (l *lease) finish(ctx context.Context, cause error) error {
 		}
 		// A nested wait of the execution, on another goroutine, still uses
 		// the session: close its socket, and that wait ends the session.
-		s.remove(l)
-		s.kill()
+		s.kill(l)
 		return fmt.Errorf("pglock: unlocking %s: a nested wait on the same session was still running when the release's context ended; its connection was closed instead, which releases every lock on it when the server ends the session", l.name())
 	}
 	if err := s.watchErr; err != nil {

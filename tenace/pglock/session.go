@@ -124,10 +124,10 @@ func (s *session) put() {
 	s.mu.Lock()
 	if len(s.leases) == 0 {
 		s.ended = true
-		free := s.free
+		free, tainted := s.free, s.tainted
 		s.busy = false
 		s.mu.Unlock()
-		if s.tainted {
+		if tainted {
 			discard(s.conn)
 		} else {
 			_ = s.conn.Conn().PgConn().Conn().SetDeadline(time.Time{})
@@ -140,11 +140,12 @@ func (s *session) put() {
 	_ = s.conn.Conn().PgConn().Conn().SetDeadline(time.Time{})
 	s.stopping.Store(false)
 	s.watchErr = nil
-	s.watchDone = make(chan struct{})
+	done := make(chan struct{})
+	s.watchDone = done
 	free := s.free
 	s.busy = false
 	s.mu.Unlock()
-	go s.watch(s.watchDone)
+	go s.watch(done)
 	close(free)
 }
 
@@ -177,15 +178,31 @@ func (s *session) end(err error) {
 	close(free)
 }
 
-// kill closes s's socket under whoever uses it: its statement fails, and
-// that taker ends s. For an ender that could not take s in time.
-func (s *session) kill() { _ = s.conn.Conn().PgConn().Conn().Close() }
+// kill takes l off s and closes s's socket under whoever uses it, for
+// l's ender that could not take s in time: the taker's statement fails,
+// and it ends s (every lease on it lost). s is tainted first, so that a
+// taker past its last statement closes the connection rather than pool it.
+func (s *session) kill(l *lease) {
+	s.mu.Lock()
+	s.leases = slices.DeleteFunc(s.leases, func(m *lease) bool { return m == l })
+	s.tainted = true
+	s.mu.Unlock()
+	_ = s.conn.Conn().PgConn().Conn().Close()
+}
 
 // remove takes l off s's leases.
 func (s *session) remove(l *lease) {
 	s.mu.Lock()
 	s.leases = slices.DeleteFunc(s.leases, func(m *lease) bool { return m == l })
 	s.mu.Unlock()
+}
+
+// isTainted reports whether a cancel request may still reach s (see
+// dropNested).
+func (s *session) isTainted() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tainted
 }
 
 // keys returns the keys of s's leases, in grant order.
@@ -251,7 +268,7 @@ func (s *session) unlockOn(ctx context.Context, l *lease) (unlocked bool, err er
 	for range unlockTries {
 		err = l.unlock(ctx).Scan(&unlocked)
 		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != sqlstateQueryCanceled || ctx.Err() != nil || !s.tainted {
+		if !errors.As(err, &pgErr) || pgErr.Code != sqlstateQueryCanceled || ctx.Err() != nil || !s.isTainted() {
 			return unlocked, err
 		}
 	}
