@@ -76,6 +76,12 @@ var errGaveUp = errors.New("pglock: the server did not answer the call its Acqui
 //
 // A nil ctx panics.
 //
+// With a ctx inside Lock steps that hold leases of p (a nested Lock), an
+// exclusive wait for the key runs on the session of those leases, and its
+// lease joins it, so that PostgreSQL's deadlock detector sees a cycle
+// through it: its verdict is a *tenace.DeadlockError (see the package
+// doc, Deadlocks).
+//
 // With opts.Shared, the key is taken shared: with Permits 0, beside other
 // readers and never beside a writer; with Permits N, as one of at most N
 // holders, admitted through the key's gate (see the package doc, Shared

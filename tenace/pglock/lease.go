@@ -243,7 +243,7 @@ func (l *lease) finish(ctx context.Context, cause error) error {
 		// A nested wait of the execution, on another goroutine, still uses
 		// the session: close its socket, and that wait ends the session.
 		s.kill(l)
-		return fmt.Errorf("pglock: unlocking %s: a nested wait on the same session was still running when the release's context ended; its connection was closed instead, which releases every lock on it when the server ends the session", l.name())
+		return fmt.Errorf("pglock: unlocking %s: its session still ran another goroutine's nested wait when the release's context ended, so its connection was closed, which frees every lock on it; give goroutines that lock inside fn fn's context or a Timeout", l.name())
 	}
 	if err := s.watchErr; err != nil {
 		// The connection ended before we could unlock: the server has

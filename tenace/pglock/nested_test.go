@@ -188,13 +188,17 @@ func TestNestedChainIsNoDeadlock(t *testing.T) {
 // TestNestedLocksShareTheSession: a nested Lock's lease is on the session
 // of the outer one (one backend), and its release unlocks its own key
 // alone: the outer key stays held, by the same session, which goes back
-// to the pool only when the outer lock is released too.
+// to the pool only when the outer lock is released too. The nested grant
+// gets its fencing token, as any grant.
 func TestNestedLocksShareTheSession(t *testing.T) {
 	srv := server(t)
 	p := newProvider(t, srv)
 	other := newProvider(t, srv)
 	keys := setKeys(t, 3)
 	registerKeys(t, p, keys...)
+	first := mustAcquire(t, p, keys[1], tenace.LockAcquireOptions{})
+	registered := first.(tenace.FencedLease).Token()
+	require.NoError(t, first.Release(bg))
 	try := func(key string) bool {
 		l, err := other.Acquire(bg, key, tenace.LockAcquireOptions{Timeout: tenace.NoWait})
 		require.NoError(t, err)
@@ -209,6 +213,11 @@ func TestNestedLocksShareTheSession(t *testing.T) {
 			inner, _ := tenace.LeaseFrom(ctx)
 			require.Equal(t, pglock.BackendPID(outer), pglock.BackendPID(inner))
 			require.Equal(t, 2, p.Stats().Held)
+			// The nested grant is fenced: the key's counter, past the
+			// registering grant's.
+			token, ok := tenace.TokenFrom(ctx)
+			require.True(t, ok)
+			require.Greater(t, token, registered)
 			return lockIn(ctx, p, keys[2], time.Minute, func(ctx context.Context) error {
 				innermost, _ := tenace.LeaseFrom(ctx)
 				require.Equal(t, pglock.BackendPID(outer), pglock.BackendPID(innermost))
