@@ -350,7 +350,8 @@ func (c *call) untilDeadline() error {
 	return nil
 }
 
-// run connects and locks, within wctx; it owns the call's connection slot.
+// run connects and locks, within wctx; it owns the call's connection slot
+// (a nested call, the session it took, on which it locks instead).
 func (c *call) run() (l tenace.LockLease, err error) {
 	if c.sess != nil {
 		return c.lockOn()
