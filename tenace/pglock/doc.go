@@ -303,11 +303,12 @@
 //     its Key the key it waited for, its Cycle that key, then the keys
 //     held on the session (the cycle's other keys are other sessions',
 //     which this process does not know); the execution's Lock steps
-//     release the keys as they return it. With two and three
-//     providers in a ring (each its own pool: to the server, separate
-//     processes) and deadlock_timeout 200 ms, the verdict came 0.1–0.2 s
-//     after the wait that closed the ring; the test's bound is
-//     deadlock_timeout and 1 s (TestNestedDeadlockAcrossProcesses).
+//     release the keys as they return it. With two and three providers
+//     in a ring (each its own pool: to the server, separate processes)
+//     and deadlock_timeout 200 ms, the verdict came 0.08–0.17 s after the
+//     wait that closed the ring (an earlier waiter's check found it); the
+//     test's bound is deadlock_timeout and 1 s
+//     (TestNestedDeadlockAcrossProcesses).
 //
 // A session holds the locks of every lease on it, and stays pinned (one
 // connection slot, one watcher goroutine) until the last of them ends;

@@ -449,3 +449,29 @@ func TestNestedWaitOutlivesTheOuterLock(t *testing.T) {
 		})
 	}
 }
+
+// TestNestedInASet: a Lock nested in a set's Lock (LockOptions.Keys) waits
+// on the set's session, and its release leaves the set's keys held.
+func TestNestedInASet(t *testing.T) {
+	srv := server(t)
+	p := newProvider(t, srv)
+	keys := setKeys(t, 3)
+	registerKeys(t, p, keys...)
+	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Keys: keys[:2]}).Execute(bg, func(ctx context.Context) error {
+		set, _ := tenace.LeaseFrom(ctx)
+		pid := pglock.BackendPID(set)
+		err := lockIn(ctx, p, keys[2], time.Minute, func(ctx context.Context) error {
+			inner, _ := tenace.LeaseFrom(ctx)
+			require.Equal(t, pid, pglock.BackendPID(inner))
+			return nil
+		})
+		require.NoError(t, err)
+		require.Empty(t, locks(t, srv, keys[2]))
+		for _, k := range keys[:2] {
+			require.Equal(t, fmt.Sprintf("%d:true", pid), locks(t, srv, k))
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	requireNoLocks(t, srv, keys...)
+}
