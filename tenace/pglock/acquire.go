@@ -76,8 +76,8 @@ var errGaveUp = errors.New("pglock: the server did not answer the call its Acqui
 //
 // A nil ctx panics.
 //
-// With a ctx inside Lock steps that hold leases of p (a nested Lock), an
-// exclusive wait for the key runs on the session of those leases, and its
+// With a ctx inside Lock steps that hold leases of p (a nested Lock), a
+// wait for the key, exclusive or a reader's (not NoWait), runs on the session of those leases, and its
 // lease joins it, so that PostgreSQL's deadlock detector sees a cycle
 // through it: its verdict is a *tenace.DeadlockError (see the package
 // doc, Deadlocks).

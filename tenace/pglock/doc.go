@@ -102,9 +102,9 @@
 // connection returns an error wrapping ErrPoolExhausted, not "not granted",
 // unless another caller of the process holds or waits for the same key: the
 // key was never asked for, and a Lock step reports lock.failed, not
-// lock.rejected. A nested exclusive Lock waits on the session of what its
-// execution holds (see Deadlocks), and needs no connection of its own; a
-// nested set or shared Lock needs one per level: a pool full of holders
+// lock.rejected. A nested Lock, exclusive or a reader's, waits on the session of
+// what its execution holds (see Deadlocks), and needs no connection of its
+// own; a nested set or bulkhead Lock needs one per level: a pool full of holders
 // that each wait for a second key that way ends in that error at their
 // Timeout. A cancelled wait costs a connection: its connection is closed
 // rather than reused (see below), and the pool dials a new one — but a
@@ -294,18 +294,19 @@
 //     take keys in sorted order, so a set meets such a cycle only with
 //     sessions that take the provider's locks in another order (nested
 //     Locks, or SQL of their own on its lock ids).
-//   - A nested Lock: an exclusive Lock, with a Timeout other than NoWait,
-//     on one key, whose execution holds leases of the same Provider value
+//   - A nested Lock: a Lock on one key, exclusive or a reader's (Shared,
+//     Permits 0), with a Timeout other than NoWait, whose execution holds leases of the same Provider value
 //     through the Lock steps around it (read from its context: see
 //     tenace.DeadlockError for what counts as the execution) waits on the
 //     session of the innermost of those leases, and its lease joins that
-//     session. When the server fails the wait, the Lock returns the error,
+//     session — so a cycle is seen between executions of one process too,
+//     each on its own sessions. When the server fails the wait, the Lock returns the error,
 //     its Key the key it waited for, its Cycle that key, then the keys
 //     held on the session (the cycle's other keys are other sessions',
 //     which this process does not know); the execution's Lock steps
 //     release the keys as they return it. With two and three providers
 //     in a ring (each its own pool: to the server, separate processes)
-//     and deadlock_timeout 200 ms, the verdict came 0.08–0.17 s after the
+//     and deadlock_timeout 200 ms, the verdict came 0.08–0.18 s after the
 //     wait that closed the ring (an earlier waiter's check found it); the
 //     test's bound is deadlock_timeout and 1 s
 //     (TestNestedDeadlockAcrossProcesses).
@@ -338,8 +339,8 @@
 // every lock on it and fails that wait.
 //
 // Not seen by the server, and bounded by the Timeout alone: a cycle
-// through a shared or bulkhead wait (Shared), a nested set (Keys), or a
-// NoWait try (which never waits, so closes none); a nested Lock whose
+// through a bulkhead's wait (Permits), a nested set (Keys), or a NoWait
+// try (which never waits, so closes none); a nested Lock whose
 // execution holds the outer key through another Provider value, or a
 // wrapper around this one (failsafelock), or through a lease taken with
 // Acquire rather than a Lock step.

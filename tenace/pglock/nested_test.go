@@ -67,15 +67,26 @@ type verdict struct {
 // closed the ring (measured against a control timer of deadlock_timeout in
 // the same run), naming the key it asked for and the key it held; its
 // outer lock is released as its Lock returns, and every other execution
-// is granted its nested key. Nothing is left locked.
+// is granted its nested key. The same with a reader's nested Lock (Shared)
+// in the ring, and with two executions of one provider (one process: the
+// server sees their sessions all the same). Nothing is left locked.
 func TestNestedDeadlockAcrossProcesses(t *testing.T) {
-	for _, n := range []int{2, 3} {
-		t.Run(fmt.Sprintf("%d processes", n), func(t *testing.T) {
+	for _, tc := range []struct {
+		n      int
+		reader bool // execution 0's nested Lock is a reader's (Shared)
+		one    bool // the executions share one provider: one process
+	}{{2, false, false}, {3, false, false}, {2, true, false}, {2, false, true}} {
+		n := tc.n
+		t.Run(fmt.Sprintf("%d processes, reader %v, one provider %v", n, tc.reader, tc.one), func(t *testing.T) {
 			srv := server(t)
 			const deadlockTimeout = 200 * time.Millisecond
 			ps := make([]*pglock.Provider, n)
 			for i := range ps {
-				ps[i] = withDeadlockTimeout(t, srv, deadlockTimeout)
+				if i == 0 || !tc.one {
+					ps[i] = withDeadlockTimeout(t, srv, deadlockTimeout)
+				} else {
+					ps[i] = ps[0]
+				}
 			}
 			keys := setKeys(t, n)
 			registerKeys(t, ps[0], keys...)
@@ -91,7 +102,8 @@ func TestNestedDeadlockAcrossProcesses(t *testing.T) {
 					err := lockIn(bg, ps[i], keys[i], 15*time.Second, func(ctx context.Context) error {
 						close(held[i])
 						<-ask[i]
-						return lockIn(ctx, ps[i], keys[(i+1)%n], 15*time.Second, func(context.Context) error {
+						nested := tenace.LockOptions{Provider: ps[i], Key: keys[(i+1)%n], Timeout: 15 * time.Second, Shared: tc.reader && i == 0}
+						return tenace.NewPolicy().WithLock(nested).Execute(ctx, func(context.Context) error {
 							ran[i].Store(true)
 							return nil
 						})

@@ -20,8 +20,8 @@ import (
 // session is a connection pinned by held leases: the server session that
 // holds their advisory locks, one watcher goroutine that learns at once
 // when the connection ends, and the provider's connection slot. A lease
-// of one key or of a set has a session of its own; a nested exclusive
-// Acquire (an execution that holds leases of the provider asks for another
+// of one key or of a set has a session of its own; a nested Acquire,
+// exclusive or a reader's (an execution that holds leases of the provider asks for another
 // key through a Lock step) waits on the session of a lease it holds (see
 // sessionFor), so that PostgreSQL's deadlock detector sees the execution's
 // keys and its wait as one session's, and its lease joins that session.
@@ -277,12 +277,13 @@ func (s *session) unlockOn(ctx context.Context, l *lease) (unlocked bool, err er
 
 // sessionFor returns the session of a lease that c's execution holds from
 // p through the Lock steps around it (provkit.HeldLeases), taken for c's
-// wait, or nil: c then waits on a connection of its own. Only an
-// exclusive wait for one key joins a session; a shared or bulkhead
-// caller, a set and a NoWait try (which never waits, so closes no cycle)
-// do not. The innermost lease whose session is free is chosen.
+// wait, or nil: c then waits on a connection of its own. Only a wait for
+// one key, exclusive or a reader's, joins a session; a bulkhead caller
+// (whose wait holds a gate, and may end its session), a set and a NoWait
+// try (which never waits, so closes no cycle) do not. The innermost lease
+// whose session is free is chosen.
 func (p *Provider) sessionFor(c *call) *session {
-	if c.keys != nil || c.opts.Shared || c.opts.Timeout == tenace.NoWait {
+	if c.keys != nil || c.mode() == modePermit || c.opts.Timeout == tenace.NoWait {
 		return nil
 	}
 	for _, h := range provkit.HeldLeases(c.ctx, p) {
@@ -342,7 +343,7 @@ func (c *call) lockOn() (tenace.LockLease, error) {
 			registered = true
 		case doDrop:
 			c.tellHeld()
-			_, err := s.conn.Exec(c.wctx, c.p.dropSQL[modeExclusive], []byte(c.key), c.p.classID)
+			_, err := s.conn.Exec(c.wctx, c.p.dropSQL[c.mode()], []byte(c.key), c.p.classID)
 			r = c.replied(s.conn, stmtDrop, err)
 		case doGrant:
 			return c.claimOn(id, token)
@@ -362,7 +363,7 @@ func (c *call) claimOn(id int32, token uint64) (tenace.LockLease, error) {
 		c.dropNested(false)
 		return nil, nil
 	}
-	l := &lease{p: c.p, s: s, key: c.key, id: id, token: token, mode: modeExclusive}
+	l := &lease{p: c.p, s: s, key: c.key, id: id, token: token, mode: c.mode()}
 	if err := c.p.hold(l, c.opts); err != nil {
 		return nil, err
 	}
@@ -421,7 +422,7 @@ func (c *call) dropNested(cut bool) {
 	_ = nc.SetDeadline(graceEnd(s.conn))
 	var err error
 	for range unlockTries {
-		_, err = s.conn.Exec(context.Background(), c.p.dropSQL[modeExclusive], []byte(c.key), c.p.classID)
+		_, err = s.conn.Exec(context.Background(), c.p.dropSQL[c.mode()], []byte(c.key), c.p.classID)
 		var pgErr *pgconn.PgError
 		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != sqlstateQueryCanceled {
 			break
