@@ -343,7 +343,9 @@
 // try (which never waits, so closes none); a nested Lock whose
 // execution holds the outer key through another Provider value, or a
 // wrapper around this one (failsafelock), or through a lease taken with
-// Acquire rather than a Lock step.
+// Acquire rather than a Lock step, or only through bulkhead permits (a
+// permit's session is its own: its Release unlocks everything the session
+// holds).
 //
 // # Shared locks and permits
 //

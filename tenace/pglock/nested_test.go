@@ -487,3 +487,23 @@ func TestNestedInASet(t *testing.T) {
 	require.NoError(t, err)
 	requireNoLocks(t, srv, keys...)
 }
+
+// TestNestedInAPermitWaitsApart: a Lock nested in a bulkhead permit's Lock
+// waits on a session of its own: a permit's release unlocks everything its
+// session holds, which would take the nested key with it.
+func TestNestedInAPermitWaitsApart(t *testing.T) {
+	srv := server(t)
+	p := newProvider(t, srv)
+	keys := setKeys(t, 2)
+	registerKeys(t, p, keys...)
+	err := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Key: keys[0], Shared: true, Permits: 1}).Execute(bg, func(ctx context.Context) error {
+		permit, _ := tenace.LeaseFrom(ctx)
+		return lockIn(ctx, p, keys[1], time.Minute, func(ctx context.Context) error {
+			inner, _ := tenace.LeaseFrom(ctx)
+			require.NotEqual(t, pglock.BackendPID(permit), pglock.BackendPID(inner))
+			return nil
+		})
+	})
+	require.NoError(t, err)
+	requireNoLocks(t, srv, keys...)
+}

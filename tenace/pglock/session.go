@@ -280,14 +280,17 @@ func (s *session) unlockOn(ctx context.Context, l *lease) (unlocked bool, err er
 // wait, or nil: c then waits on a connection of its own. Only a wait for
 // one key, exclusive or a reader's, joins a session; a bulkhead caller
 // (whose wait holds a gate, and may end its session), a set and a NoWait
-// try (which never waits, so closes no cycle) do not. The innermost lease
-// whose session is free is chosen.
+// try (which never waits, so closes no cycle) do not; nor does a wait join
+// a bulkhead permit's session. The innermost lease whose session is free
+// is chosen.
 func (p *Provider) sessionFor(c *call) *session {
 	if c.keys != nil || c.mode() == modePermit || c.opts.Timeout == tenace.NoWait {
 		return nil
 	}
 	for _, h := range provkit.HeldLeases(c.ctx, p) {
-		if l := leaseOf(h); l != nil && l.p == p && l.s.tryTake(c.key) {
+		// A bulkhead permit's session is its own: its release unlocks
+		// everything the session holds (see unlockSQL).
+		if l := leaseOf(h); l != nil && l.p == p && l.mode != modePermit && l.s.tryTake(c.key) {
 			return l.s
 		}
 	}
