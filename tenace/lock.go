@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"tenace.dev/tenace/internal/provkit"
 	"tenace.dev/tenace/policy"
 )
 
@@ -179,10 +180,28 @@ func (c *lockCtx) Value(key any) any {
 	switch key.(type) {
 	case leaseKey:
 		return c.lease
-	case lockCtxKey:
+	case lockCtxKey, provkit.HeldKey:
 		return c
 	}
 	return c.Context.Value(key)
+}
+
+// HeldLeases implements provkit.Holder: the leases c and the Locks around
+// it hold from provider and have not begun to release, innermost first.
+// It is how a provider reaches what the execution holds (see
+// provkit.HeldLeases); it adds nothing to the package's API.
+func (c *lockCtx) HeldLeases(provider any) []any {
+	p, ok := provider.(LockProvider)
+	if !ok {
+		return nil
+	}
+	var held []any
+	for h := c; h != nil; h, _ = h.Context.Value(lockCtxKey{}).(*lockCtx) {
+		if !h.released.Load() && sameProvider(h.provider, p) {
+			held = append(held, h.lease)
+		}
+	}
+	return held
 }
 
 // target returns what the Lock locks — key, and keys for a set (nil for one

@@ -289,10 +289,12 @@
 // across processes — one holds a and waits for b, another holds b and
 // waits for a — is not detected on etcd: each waiter waits until its
 // Timeout (forever with none), then returns (nil, nil), and its Lock
-// reports contention, not a *tenace.DeadlockError. The Timeout is the only
-// bound: give every Lock that may nest inside another a Timeout, or take
-// the keys together as a set (LockOptions.Keys), which every process takes
-// in one order, so that sets never wait on each other in a cycle.
+// reports contention, not a *tenace.DeadlockError. A cycle across
+// processes is bounded by the Timeout only: etcd has no deadlock detector,
+// where PostgreSQL's sees pglock's nested Locks. Give every Lock that may
+// nest inside another a Timeout, or take the keys together as a set
+// (LockOptions.Keys), which every process takes in one order, so that sets
+// never wait on each other in a cycle.
 //
 // # Close and the client
 //

@@ -76,6 +76,12 @@ var errGaveUp = errors.New("pglock: the server did not answer the call its Acqui
 //
 // A nil ctx panics.
 //
+// With a ctx inside Lock steps that hold leases of p (a nested Lock), a
+// wait for the key, exclusive or a reader's (not NoWait), runs on the session of those leases, and its
+// lease joins it, so that PostgreSQL's deadlock detector sees a cycle
+// through it: its verdict is a *tenace.DeadlockError (see the package
+// doc, Deadlocks).
+//
 // With opts.Shared, the key is taken shared: with Permits 0, beside other
 // readers and never beside a writer; with Permits N, as one of at most N
 // holders, admitted through the key's gate (see the package doc, Shared
@@ -141,7 +147,14 @@ func (p *Provider) acquire(c *call) (tenace.LockLease, error) {
 	defer cancel()
 	c.wctx = wctx
 
-	// A connection slot: the provider's bound on connections.
+	// A nested wait takes the session of what its execution holds;
+	// another, a connection slot: the provider's bound on connections.
+	if c.sess = p.sessionFor(c); c.sess != nil {
+		if !c.bounded {
+			return c.run()
+		}
+		return c.runBounded()
+	}
 	select {
 	case p.slots <- struct{}{}:
 	default:
@@ -212,6 +225,10 @@ type call struct {
 	state    atomic.Int32
 	phase    atomic.Int32 // what the server was last asked, for the error
 	heldBy   []byte       // the key's owners when a NoWait try was refused (see onHeld)
+	// sess is the session of a lease the caller's execution holds, taken
+	// for a nested wait (see sessionFor): the call uses no connection or
+	// slot of its own. nil for a call on a connection of its own.
+	sess *session
 }
 
 // The states of a call (see call).
@@ -261,7 +278,11 @@ func (c *call) runBounded() (tenace.LockLease, error) {
 		stopClosed()
 		scancel()
 		wcancel(nil)
-		<-p.slots
+		if c.sess != nil {
+			c.sess.put()
+		} else {
+			<-p.slots
+		}
 		return nil, p.closedErr()
 	}
 	p.workers.Add(1)
@@ -329,8 +350,12 @@ func (c *call) untilDeadline() error {
 	return nil
 }
 
-// run connects and locks, within wctx; it owns the call's connection slot.
+// run connects and locks, within wctx; it owns the call's connection slot
+// (a nested call, the session it took, on which it locks instead).
 func (c *call) run() (l tenace.LockLease, err error) {
+	if c.sess != nil {
+		return c.lockOn()
+	}
 	leased := false
 	defer func() {
 		if !leased && !c.freed {
@@ -464,6 +489,7 @@ func (c *call) attempt(key string, got int, registered, reconnected bool) attemp
 		key: key, table: c.p.table, mode: c.mode(), noWait: c.opts.Timeout == tenace.NoWait, fencing: c.p.fencing,
 		bounded: c.bounded, set: c.keys != nil, got: got, keys: len(c.keys),
 		registered: registered, reconnected: reconnected, gated: c.gated, listening: c.listening, stepped: c.step,
+		holding: c.sess != nil,
 	}
 	if c.bounded {
 		now := time.Now()
@@ -482,7 +508,9 @@ func (c *call) tellHeld() {
 		return
 	}
 	c.told, c.freed = true, true
-	<-c.p.slots
+	if c.sess == nil {
+		<-c.p.slots // a nested call has no slot of its own
+	}
 	c.early <- outcome{}
 }
 

@@ -62,7 +62,7 @@
 // Costs: an acquire is one round trip (three on a key's first use) and, with
 // fencing, a write transaction — a WAL flush per grant (committed
 // synchronously, see above); a release is one round trip. A held lease costs a
-// connection and a goroutine. Measured against two bare round trips on a
+// connection and a goroutine (nested leases share theirs: see Deadlocks). Measured against two bare round trips on a
 // held connection, and against redislock: bench/README.md.
 //
 // # Who gets the lock: PostgreSQL's lock queue
@@ -94,15 +94,18 @@
 // # The connection is the lease
 //
 // A held lock pins one connection from Acquire to Release, and a waiter one
-// too: N holders and M waiters use N+M connections of the provider's pool,
+// too (a nested Lock shares its execution's: see Deadlocks): N holders and
+// M waiters use N+M connections of the provider's pool,
 // which WithMaxConns bounds (DefaultMaxConns). When all are in use, Acquire
 // waits for one within its Timeout and ctx — or, with NoWait, returns
 // ErrPoolExhausted at once. A Timeout that passes while it waits for a
 // connection returns an error wrapping ErrPoolExhausted, not "not granted",
 // unless another caller of the process holds or waits for the same key: the
 // key was never asked for, and a Lock step reports lock.failed, not
-// lock.rejected. Nested locks need one connection per level: a pool full of
-// holders that each wait for a second key ends in that error at their
+// lock.rejected. A nested Lock, exclusive or a reader's, waits on the session of
+// what its execution holds (see Deadlocks), and needs no connection of its
+// own; a nested set or bulkhead Lock needs one per level: a pool full of holders
+// that each wait for a second key that way ends in that error at their
 // Timeout. A cancelled wait costs a connection: its connection is closed
 // rather than reused (see below), and the pool dials a new one — but a
 // bulkhead waiter's (see Shared locks and permits).
@@ -200,9 +203,10 @@
 // loss as its cause, the moment the provider learns of it. A lease is lost
 // when:
 //
-//   - its connection ends: the backend is terminated (pg_terminate_backend,
+//   - its connection ends (and with it every lease on the same session:
+//     see Deadlocks): the backend is terminated (pg_terminate_backend,
 //     a shutdown or restart, a crash), the socket closes, or the network
-//     drops. A goroutine per lease blocks reading the idle connection; the
+//     drops. A goroutine per session blocks reading the idle connection; the
 //     server's termination message or the socket's end wakes it at once
 //     (measured on loopback: Lost closes a median 0.5 ms, at most 4 ms,
 //     after pg_terminate_backend is sent; TestLostSignalDelay). A silent loss (a peer machine gone, packets dropped) shows
@@ -276,24 +280,72 @@
 // (1 s by default; a session's setting, which a superuser sets with SET,
 // ALTER ROLE or the connection string's options='-c deadlock_timeout=500')
 // after a session began to wait, the server looks for a cycle of sessions
-// that wait for each other, and fails a wait of it with SQLSTATE 40P01. It
-// sees sessions, not executions. A set's session holds its keys so far
-// while it waits for the next: when the server fails that wait, AcquireSet
-// unlocks the set's keys and returns a *tenace.DeadlockError (through a
-// Lock with Keys, event lock.deadlock) whose Key is the key it waited for
-// and whose Cycle is that key, then the keys the set's session held — the
-// cycle's other keys are other sessions', which this process does not
-// know. The other sessions of the cycle go on. A chain of waits is no
-// cycle and is never reported. Sets of every process take keys in sorted
-// order, so a set meets such a cycle only with sessions that take the
-// provider's locks in another order (SQL of their own on its lock ids).
+// that wait for each other, and fails a wait of it with SQLSTATE 40P01,
+// which the provider returns as a *tenace.DeadlockError (through a Lock,
+// event lock.deadlock; fn does not run). The other sessions of the cycle
+// go on. A chain of waits is no cycle and is never reported. The server
+// sees sessions, not executions, so the provider puts what an execution
+// holds and what it waits for on one session:
 //
-// A lease of one key pins a connection of its own, and a nested Lock (an
-// execution that holds a key of the provider and asks for another) waits
-// on another connection: to the server those are two sessions, neither of
-// which both holds and waits, so a cycle of nested Locks across processes
-// is not seen, and ends only at a Timeout. Bound such waits with a
-// Timeout, or take the keys as one set.
+//   - A set: its session holds its keys so far while it waits for the
+//     next. When the server fails that wait, AcquireSet unlocks the set's
+//     keys and returns the error; Key is the key it waited for, Cycle that
+//     key, then the keys the set's session held. Sets of every process
+//     take keys in sorted order, so a set meets such a cycle only with
+//     sessions that take the provider's locks in another order (nested
+//     Locks, or SQL of their own on its lock ids).
+//   - A nested Lock: a Lock on one key, exclusive or a reader's (Shared,
+//     Permits 0), with a Timeout other than NoWait, whose execution holds leases of the same Provider value
+//     through the Lock steps around it (read from its context: see
+//     tenace.DeadlockError for what counts as the execution) waits on the
+//     session of the innermost of those leases, and its lease joins that
+//     session — so a cycle is seen between executions of one process too,
+//     each on its own sessions. When the server fails the wait, the Lock returns the error,
+//     its Key the key it waited for, its Cycle that key, then the keys
+//     held on the session (the cycle's other keys are other sessions',
+//     which this process does not know); the execution's Lock steps
+//     release the keys as they return it. With two and three providers
+//     in a ring (each its own pool: to the server, separate processes)
+//     and deadlock_timeout 200 ms, the verdict came 0.08–0.18 s after the
+//     wait that closed the ring (an earlier waiter's check found it); the
+//     test's bound is deadlock_timeout and 1 s
+//     (TestNestedDeadlockAcrossProcesses).
+//
+// A session holds the locks of every lease on it, and stays pinned (one
+// connection slot, one watcher goroutine) until the last of them ends;
+// then its connection goes back to the pool. Each lease keeps its own
+// Release, TTL and fencing token: its Release, or its TTL, unlocks its own
+// key alone. Its loss is the session's: when the connection ends (a
+// terminated backend, a restart, a dropped network) or the provider
+// closes, every lease on the session is lost at once. A nested wait that
+// ends without a grant — its Timeout, its ctx, the server's verdict —
+// leaves the session's other locks held: the wait's own key is dropped if
+// the grant raced the end. A wait cut short by its ctx sends a cancel
+// request to the session, which may reach a later statement: the session
+// then takes no further nested wait, its unlocks are tried again when a
+// stray cancel fails them, and its connection is closed rather than pooled
+// at the end. Only if that clean-up fails, or the connection ended, does
+// the session end, and with it every lease on it (lost, as above).
+//
+// A session runs one statement at a time, so a nested wait joins a
+// session only while nobody else uses it; otherwise (another goroutine of
+// the execution waits there already), and when one of the session's
+// leases holds the key asked for (a session's advisory locks are
+// reentrant: a second grant there would exclude nobody), it waits on a
+// connection of its own, as every other call does, and a cycle through
+// that wait is not seen by the server. A Release that finds the session in
+// use by such a goroutine's wait waits for it, within its ctx (5 s without
+// a deadline); past that it closes the session's connection, which frees
+// every lock on it and fails that wait.
+//
+// Not seen by the server, and bounded by the Timeout alone: a cycle
+// through a bulkhead's wait (Permits), a nested set (Keys), or a NoWait
+// try (which never waits, so closes none); a nested Lock whose
+// execution holds the outer key through another Provider value, or a
+// wrapper around this one (failsafelock), or through a lease taken with
+// Acquire rather than a Lock step, or only through bulkhead permits (a
+// permit's session is its own: its Release unlocks everything the session
+// holds).
 //
 // # Shared locks and permits
 //

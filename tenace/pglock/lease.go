@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync/atomic"
 	"time"
 
@@ -15,21 +14,19 @@ import (
 	"tenace.dev/tenace/internal/provkit"
 )
 
-// lease is one grant: the connection whose session holds the advisory lock
-// (pinned from grant to end), a watcher goroutine that learns at once when
-// that connection ends, and the TTL timer.
+// lease is one grant on a session (see session): the server session
+// that holds the advisory lock (a set's, every key's), shared with the
+// other leases on it, and the TTL timer.
 //
-// Concurrency: exactly one of Release, the TTL timer, the watcher (a lost
-// connection) and the provider's Close ends the lease: the one that moves
-// state from held to released (Release) or lost (the others, which then
-// signal the loss at once: see lose). It alone touches conn afterwards —
-// except the watcher, which owns conn's reads while it runs; the ender stops
-// it (a read deadline in the past) and waits for watchDone before using
-// conn.
+// Concurrency: exactly one of Release, the TTL timer, the session's end (a
+// lost connection) and the provider's Close ends the lease: the one that
+// moves state from held to released (Release) or lost (the others, which
+// then signal the loss at once: see lose). Its ender then takes the
+// session (see finish), unless the session's end claimed it.
 type lease struct {
 	tenace.LeaseSignal
 	p       *Provider
-	conn    *pgxpool.Conn
+	s       *session
 	key     string
 	id      int32
 	token   uint64
@@ -38,12 +35,9 @@ type lease struct {
 	permits int        // a permit lease's count (LockAcquireOptions.Permits); 0 otherwise
 	pid     uint32     // the backend's process id, for tests and errors
 
-	state     atomic.Int32 // leaseHeld, then leaseReleased or leaseLost
-	stopping  atomic.Bool  // set by the ender before it stops the watcher
-	reported  atomic.Bool  // a Release has returned the loss
-	watchDone chan struct{}
-	watchErr  error                       // what ended the watcher; written before watchDone closes
-	stopTTL   atomic.Pointer[func() bool] // set once the TTL timer runs
+	state    atomic.Int32                // leaseHeld, then leaseReleased or leaseLost
+	reported atomic.Bool                 // a Release has returned the loss
+	stopTTL  atomic.Pointer[func() bool] // set once the TTL timer runs
 }
 
 const (
@@ -58,11 +52,12 @@ var (
 	_ tenace.LosableLease = (*lease)(nil)
 )
 
-// grant turns conn, whose session now holds the lock of key, into a lease,
-// which owns conn and its connection slot from here, even when grant
-// fails (the provider was closed meanwhile: the lease ends at once).
+// grant turns conn, whose session now holds the lock of key, into a lease
+// on a session of its own, which owns conn and its connection slot from
+// here, even when grant fails (the provider was closed meanwhile: the
+// lease ends at once).
 func (p *Provider) grant(conn *pgxpool.Conn, key string, id int32, fence uint64, mode lockMode, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
-	l := &lease{p: p, conn: conn, key: key, id: id, token: fence, mode: mode}
+	l := &lease{p: p, s: newSession(p, conn), key: key, id: id, token: fence, mode: mode}
 	if mode == modePermit {
 		l.permits = opts.Permits
 	}
@@ -75,21 +70,23 @@ func (p *Provider) grant(conn *pgxpool.Conn, key string, id int32, fence uint64,
 	return l, nil
 }
 
-// hold makes l, whose session holds its lock (its set's, when l.set is
-// set), a held lease: it starts its watcher, books it with the provider
-// and starts its TTL timer. l owns its conn and connection slot from here,
-// even when hold fails (the provider was closed meanwhile: l ends at once).
+// hold makes l, whose session (taken by the caller) holds its lock (its
+// set's, when l.set is set), a held lease: it joins the session, which is
+// given back (its watcher runs from then on), is booked with the provider,
+// and its TTL timer starts. When the provider was closed meanwhile, l ends
+// at once and hold fails.
 func (p *Provider) hold(l *lease, opts tenace.LockAcquireOptions) error {
-	conn := l.conn
-	l.pid, l.watchDone = conn.Conn().PgConn().PID(), make(chan struct{})
+	s := l.s
+	l.pid = s.pid
 	l.state.Store(leaseHeld)
 	p.held.Add(l.count())
 	if l.mode != modeExclusive {
 		p.sharedHeld.Add(1)
 	}
-	// The watcher runs before anyone can end the lease: an ender waits for
-	// it to stop.
-	go l.watch()
+	s.mu.Lock()
+	s.leases = append(s.leases, l)
+	s.mu.Unlock()
+	s.put()
 	p.mu.Lock()
 	if p.isEnded {
 		p.mu.Unlock()
@@ -216,23 +213,39 @@ func (l *lease) unlockLost(cause error) {
 // variable for tests).
 var endTimeout = provkit.CleanupTimeout
 
-// finish is run by the one ender: stop the TTL timer and the watcher; if
-// the connection died meanwhile, the lease is lost; otherwise unlock (or
-// discard the connection) and give the connection back. cause, when not
-// nil, is why the lease is lost (TTL, Close), which lose has signalled
-// already, so that fn's context ends before the lock is released.
+// finish is run by the one ender: stop the TTL timer, take the session
+// (waiting, within ctx, for a nested wait on it to end); if its connection
+// ended meanwhile, the lease is lost; otherwise unlock l's lock alone and
+// give the session back, which returns the connection to the pool once no
+// lease is left on it. cause, when not nil, is why the lease is lost (TTL,
+// Close), which lose has signalled already, so that fn's context ends
+// before the lock is released.
 func (l *lease) finish(ctx context.Context, cause error) error {
 	if stop := l.stopTTL.Load(); stop != nil {
 		(*stop)()
 	}
 	defer l.p.forget(l)
-	l.stopping.Store(true)
-	_ = l.conn.Conn().PgConn().Conn().SetReadDeadline(time.Now())
-	if h := l.p.hooks; h != nil && h.stopping != nil {
-		h.stopping()
+	s := l.s
+	if !s.take(ctx) {
+		s.mu.Lock()
+		ended, endErr := s.ended, s.endErr
+		s.mu.Unlock()
+		if ended {
+			// The session ended under the lease: the server has released
+			// the lock already, and may have granted it to another.
+			if cause != nil {
+				return nil
+			}
+			l.reported.Store(true)
+			l.Lose(l.lostErr(endErr))
+			return fmt.Errorf("pglock: Release of %s touched nothing: %w", l.name(), l.Err())
+		}
+		// A nested wait of the execution, on another goroutine, still uses
+		// the session: close its socket, and that wait ends the session.
+		s.kill(l)
+		return fmt.Errorf("pglock: unlocking %s: its session still ran another goroutine's nested wait when the release's context ended, so its connection was closed, which frees every lock on it; give goroutines that lock inside fn fn's context or a Timeout", l.name())
 	}
-	<-l.watchDone
-	if l.watchErr != nil {
+	if err := s.watchErr; err != nil {
 		// The connection ended before we could unlock: the server has
 		// released the lock already, and may have granted it to another.
 		// (An ender with a cause went through lose, which signalled the
@@ -241,21 +254,21 @@ func (l *lease) finish(ctx context.Context, cause error) error {
 		// returns nil.
 		if cause == nil {
 			l.reported.Store(true)
-			l.Lose(l.lostErr(l.watchErr))
+			l.Lose(l.lostErr(err))
 		}
-		discard(l.conn)
+		s.remove(l)
+		s.end(err)
 		if cause != nil {
 			return nil
 		}
 		return fmt.Errorf("pglock: Release of %s touched nothing: %w", l.name(), l.Err())
 	}
-	_ = l.conn.Conn().PgConn().Conn().SetReadDeadline(time.Time{})
-	var unlocked bool
-	err := l.unlock(ctx).Scan(&unlocked)
+	unlocked, err := s.unlockOn(ctx, l)
 	if err == nil && !unlocked {
 		err = errors.New("the session did not hold the lock")
 	}
-	if err != nil && cause == nil && connEnded(l.conn, err) {
+	s.remove(l)
+	if err != nil && cause == nil && connEnded(s.conn, err) {
 		// The connection had ended before the unlock reached the server
 		// (a backend terminated a moment ago, whose end the watcher had
 		// not read yet when it was stopped): the server released the lock
@@ -265,26 +278,28 @@ func (l *lease) finish(ctx context.Context, cause error) error {
 		// came after the unlock: the safe side of the doubt.)
 		l.reported.Store(true)
 		l.Lose(l.lostErr(err))
-		discard(l.conn)
+		s.end(err)
 		return fmt.Errorf("pglock: Release of %s could not unlock: %w", l.name(), l.Err())
 	}
 	if err != nil {
-		discard(l.conn)
+		s.end(fmt.Errorf("unlocking %s failed: %w", l.name(), err))
 		return fmt.Errorf("pglock: unlocking %s: %w; its connection was closed instead, which releases the lock when the server ends the session", l.name(), err)
 	}
 	if ctx.Err() != nil {
 		// Unlocked, but ctx ended while the unlock ran: cancel requests
 		// may still be on their way to this session, and would hit the
-		// connection's next statement, another caller's. Never reuse it.
-		discard(l.conn)
-		return nil
+		// connection's next statement. The session is tainted (see
+		// dropNested): never pooled again.
+		s.mu.Lock()
+		s.tainted = true
+		s.mu.Unlock()
 	}
-	l.conn.Release()
+	s.put()
 	return nil
 }
 
-// forget drops the lease from the provider's books and frees its
-// connection slot.
+// forget drops the lease from the provider's books (its session frees the
+// connection slot when it ends).
 func (p *Provider) forget(l *lease) {
 	p.mu.Lock()
 	delete(p.leases, l)
@@ -293,7 +308,6 @@ func (p *Provider) forget(l *lease) {
 	if l.mode != modeExclusive {
 		p.sharedHeld.Add(-1)
 	}
-	<-p.slots
 }
 
 // connEnded reports whether err, from a statement on c, says that c's
@@ -308,36 +322,4 @@ func connEnded(c *pgxpool.Conn, err error) bool {
 
 func (l *lease) lostErr(err error) error {
 	return fmt.Errorf("%w: pglock: the connection holding the lock on %s (backend %d) ended: %v; the server released the lock with the session, and another caller may hold it now", tenace.ErrLeaseLost, l.name(), l.pid, err)
-}
-
-// watch waits on the pinned connection, which is idle while the lock is
-// held: the server sends nothing to it (no LISTEN), so a read returns only
-// when the connection ends — the backend terminated (pg_terminate_backend,
-// a shutdown or restart: the server says so and closes the socket), the
-// socket closed, or the keepalive found the peer gone — or when the ender
-// stops it with a read deadline.
-func (l *lease) watch() {
-	defer close(l.watchDone)
-	if h := l.p.hooks; h != nil && h.watching != nil {
-		h.watching()
-	}
-	pc := l.conn.Conn().PgConn()
-	for {
-		err := pc.WaitForNotification(context.Background())
-		if err == nil {
-			continue // a notification: nobody listens, but harmless
-		}
-		var ne net.Error
-		if l.stopping.Load() && errors.As(err, &ne) && ne.Timeout() {
-			return // stopped by the ender
-		}
-		l.watchErr = err
-		if l.lose(l.lostErr(err)) {
-			// The watcher is the ender: nobody else touches conn.
-			// (A pending TTL timer finds the lease ended and does nothing.)
-			discard(l.conn)
-			l.p.forget(l)
-		}
-		return
-	}
 }

@@ -235,14 +235,18 @@ func TestAHeldKeyIsContentionUnderLoad(t *testing.T) {
 	// The pool is warm, as a service's is: a few connections that have
 	// prepared the statements (a try that hears nothing keeps its
 	// connection until the late answer, and the next try takes another).
-	// Their Timeout is generous: the warm-up is not measured.
+	// The warm-up is not measured: a try whose "held" came past the
+	// Timeout's slack on the loaded machine (ErrNoReply) warmed its
+	// connection all the same.
 	var warm []<-chan result
 	for range 4 {
 		warm = append(warm, acquireAsync(bg, p, key, tenace.LockAcquireOptions{Timeout: 2 * time.Second}))
 	}
 	for _, r := range warm {
 		res := <-r
-		require.NoError(t, res.err)
+		if !errors.Is(res.err, pglock.ErrNoReply) {
+			require.NoError(t, res.err)
+		}
 		require.Nil(t, res.lease)
 	}
 	l, err := p.Acquire(bg, key, tenace.LockAcquireOptions{Timeout: tenace.NoWait})

@@ -76,7 +76,7 @@ type setGrant struct {
 // watches it and keeps the TTL for the whole set, and each key gets a view
 // of it (setKey) with its own token. Like grant, it owns conn from here.
 func (p *Provider) grantSet(conn *pgxpool.Conn, got []setGrant, opts tenace.LockAcquireOptions) (tenace.LockLease, error) {
-	l := &lease{p: p, conn: conn, key: got[0].key, id: got[0].id, token: got[0].token, set: got}
+	l := &lease{p: p, s: newSession(p, conn), key: got[0].key, id: got[0].id, token: got[0].token, set: got}
 	if err := p.hold(l, opts); err != nil {
 		return nil, err
 	}
@@ -188,13 +188,13 @@ func (l *lease) unlock(ctx context.Context) pgx.Row {
 		if l.mode == modePermit {
 			args = append(args, l.p.permitChannel(l.id))
 		}
-		return l.conn.QueryRow(ctx, l.unlockSQL(), args...)
+		return l.s.conn.QueryRow(ctx, l.unlockSQL(), args...)
 	}
 	ids := make([]int32, len(l.set))
 	for i, g := range l.set {
 		ids[i] = g.id
 	}
-	return l.conn.QueryRow(ctx, `SELECT coalesce(bool_and(pg_advisory_unlock($1::int4, id)), false) FROM unnest($2::int4[]) AS u(id)`, l.p.classID, ids)
+	return l.s.conn.QueryRow(ctx, `SELECT coalesce(bool_and(pg_advisory_unlock($1::int4, id)), false) FROM unnest($2::int4[]) AS u(id)`, l.p.classID, ids)
 }
 
 // all returns the keys c asks for: its set's, or its key.

@@ -60,6 +60,7 @@ type attempt struct {
 	gated       bool          // the session holds the key's gate (a bulkhead's)
 	listening   bool          // the session LISTENs on the key's permit channel
 	stepped     bool          // the last statement's bound was a step of a longer Timeout
+	holding     bool          // a nested call: the session holds the locks of other leases (see sessionFor)
 }
 
 // next is what the driver does after a step: a statement to run, or the
@@ -163,13 +164,16 @@ func stepLock(a attempt, r reply) decision {
 		return decision{next: outCutShort, keep: true}
 	case isLockTimeout(r.err):
 		return stepLockTimeout(a, r)
-	case isDeadlock(r.err) && !r.cut && a.got > 0:
+	case isDeadlock(r.err) && !r.cut && (a.got > 0 || a.holding):
 		// The server's deadlock detector failed this wait to break a
 		// cycle of sessions: a set's session holds its keys so far and
-		// waited for the next. The statement took nothing (the wait was
-		// aborted), and the session is fit for the pool once it unlocked
-		// what it holds, before the caller hears the verdict, so that the
-		// other sessions of the cycle go on.
+		// waited for the next, or a nested call's session holds the keys
+		// of its execution's leases. The statement took nothing (the wait
+		// was aborted). A set's session is fit for the pool once it
+		// unlocked what it holds, before the caller hears the verdict, so
+		// that the other sessions of the cycle go on; a nested call's
+		// keeps its leases' locks, and its execution gives them back as
+		// its Lock steps return the error.
 		return decision{next: outDeadlock}
 	case r.err != nil:
 		// Unknown outcome: the statement may have taken the lock before
@@ -252,10 +256,11 @@ func stepLockTimeout(a attempt, r reply) decision {
 
 // mayReconnect reports whether a call whose statement failed with r may
 // try once more on another connection: its connection had died, and
-// nothing of the call lived on it (a set's keys, a gate), and it has not
+// nothing of the call lived on it (a set's keys, a gate, a nested call's
+// leases), and it has not
 // tried again already; its context still runs and the provider is open.
 func (a attempt) mayReconnect(r reply) bool {
-	return r.dead && !a.reconnected && a.got == 0 && !a.gated && !r.cut && !r.closed
+	return r.dead && !a.reconnected && a.got == 0 && !a.gated && !a.holding && !r.cut && !r.closed
 }
 
 // failure is the error of the acquire statement (or a permit's wait) for

@@ -38,6 +38,8 @@ func TestStep(t *testing.T) {
 	listening.listening = true
 	lastMoments := bounded
 	lastMoments.left = verdictLead / 4
+	nested := one
+	nested.holding = true
 	registered := one
 	registered.registered = true
 	reconnected := one
@@ -96,6 +98,9 @@ func TestStep(t *testing.T) {
 		{"a set's wait in a cycle", setSecond, reply{stmt: stmtLock, err: deadlock}, decision{next: outDeadlock}},
 		{"a set's wait in a cycle, cut short", setSecond, reply{stmt: stmtLock, err: deadlock, cut: true}, decision{next: outFailed, unlock: true, answered: true}},
 		{"a wait in a cycle, holding nothing", one, reply{stmt: stmtLock, err: deadlock}, decision{next: outFailed, unlock: true, answered: true}},
+		{"a nested wait in a cycle", nested, reply{stmt: stmtLock, err: deadlock}, decision{next: outDeadlock}},
+		{"a nested wait in a cycle, cut short", nested, reply{stmt: stmtLock, err: deadlock, cut: true}, decision{next: outFailed, unlock: true, answered: true}},
+		{"a dead connection of a nested wait", nested, reply{stmt: stmtLock, err: silent, dead: true}, decision{next: outFailed, unlock: true}},
 		// The statements that follow.
 		{"registered", one, reply{stmt: stmtRegister}, decision{next: doLock}},
 		{"registered, cut short", one, reply{stmt: stmtRegister, cut: true}, decision{next: outFailed, answered: true}},

@@ -206,6 +206,8 @@
 // Timeouts alone: each waiter of it waits until its Timeout (or ctx) ends
 // and returns (nil, nil), which a Lock reports as contention
 // (*tenace.LockNotAcquiredError); with a Timeout of 0 it waits forever.
+// A cycle across processes is bounded by the Timeout only: Redis has no
+// deadlock detector, where PostgreSQL's sees pglock's nested Locks.
 // Give nested Locks a Timeout, take keys in one order, or take them
 // together as a set (AcquireSet, LockOptions.Keys), which on one slot
 // never waits while holding a key.

@@ -102,3 +102,28 @@ const OutcomeWait = time.Second
 // at its TTL or held at Close, of a waiter that gave up, and a Release
 // whose ctx has no deadline.
 const CleanupTimeout = 5 * time.Second
+
+// HeldKey is the context key under which the context a tenace Lock step
+// gives its inner steps answers with a Holder: what the execution holds
+// through the Lock steps around it.
+type HeldKey struct{}
+
+// Holder is what the context of a Lock step's inner steps knows of the
+// locks its execution holds.
+type Holder interface {
+	// HeldLeases returns the leases that the Lock steps enclosing the
+	// context hold from provider (the same provider value), innermost
+	// first. A Lock that has begun to release holds nothing.
+	HeldLeases(provider any) []any
+}
+
+// HeldLeases returns the leases the execution of ctx holds from provider
+// through enclosing Lock steps, innermost first; nil outside any. A
+// provider whose waits can share a session with what the execution holds
+// (pglock) reads it in Acquire.
+func HeldLeases(ctx context.Context, provider any) []any {
+	if h, ok := ctx.Value(HeldKey{}).(Holder); ok {
+		return h.HeldLeases(provider)
+	}
+	return nil
+}
