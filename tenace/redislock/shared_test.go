@@ -195,9 +195,12 @@ func TestSharedStress(t *testing.T) {
 // arriving after it is granted (until it is).
 func TestAWriterIsNotStarvedByReaders(t *testing.T) {
 	srv := redistest.Start(t)
+	// The writer's mark lasts three retry intervals past its last try: 200ms
+	// makes that 600ms, so that a try delayed on a loaded machine does not
+	// let the mark lapse (fairness, the subject, is what a lapse loses).
 	var ps [2]*redislock.Provider
 	for i := range ps {
-		ps[i] = newProvider(t, deadlineClient(t, srv.Addr), redislock.WithRetryInterval(50*time.Millisecond))
+		ps[i] = newProvider(t, deadlineClient(t, srv.Addr), redislock.WithRetryInterval(200*time.Millisecond))
 	}
 	const key = "starve"
 	var stop atomic.Bool
