@@ -34,7 +34,8 @@
 //
 // An unreachable or silent server is an error, never an empty answer: the
 // command says what failed and exits with status 1 within its timeout;
-// misuse exits with status 2.
+// misuse exits with status 2; -h (of the program or of a command) prints
+// the usage and the flags, and exits with status 0.
 package main
 
 import (
@@ -106,9 +107,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "tenace: unknown command %q\n%s", cmd, usage)
 		return 2
 	}
-	cfg, key, ok := parse(cmd, rest, stderr)
-	if !ok {
-		return 2
+	cfg, key, status := parse(cmd, rest, stderr)
+	if status >= 0 {
+		return status
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
 	defer cancel()
@@ -124,11 +125,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return listLocks(ctx, p, cfg, stdout, stderr)
 }
 
-// parse reads the flags of cmd (and the key of inspect) from args; on
-// misuse it says why on stderr and returns ok false.
-func parse(cmd string, args []string, stderr io.Writer) (cfg config, key string, ok bool) {
+// parse reads the flags of cmd (and the key of inspect, before, among or
+// after the flags) from args. It returns status -1 when the command is to
+// run; else the exit status: 0 when help was asked for (written on
+// stderr), 2 on misuse (said why on stderr).
+func parse(cmd string, args []string, stderr io.Writer) (cfg config, key string, status int) {
 	fs := flag.NewFlagSet("tenace "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "%sflags of tenace %s:\n", usage, cmd)
+		fs.PrintDefaults()
+	}
 	fs.StringVar(&cfg.redis, "redis", "", "a Redis server, host:port")
 	fs.StringVar(&cfg.postgres, "postgres", "", "a PostgreSQL server, as a URL or keyword/value string")
 	fs.StringVar(&cfg.etcd, "etcd", "", "an etcd cluster's endpoints, comma-separated")
@@ -140,32 +147,45 @@ func parse(cmd string, args []string, stderr io.Writer) (cfg config, key string,
 		fs.StringVar(&cfg.prefix, "prefix", "", "only the keys that begin with it")
 		fs.IntVar(&cfg.max, "max", 1000, "at most this many keys")
 	}
-	// The key of inspect may come before the flags or after them.
-	if cmd == "inspect" && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		key, args = args[0], args[1:]
+	// flag stops at the first argument that is not a flag: take it, and
+	// read the flags after it too; after "--", every argument is one.
+	var operands []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return cfg, "", 0
+			}
+			return cfg, "", 2
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			operands = append(operands, rest...)
+			break
+		}
+		operands, args = append(operands, rest[0]), rest[1:]
 	}
-	if err := fs.Parse(args); err != nil {
-		return cfg, "", false
-	}
-	if cmd == "inspect" && key == "" && fs.NArg() == 1 {
-		key = fs.Arg(0)
-	} else if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "tenace %s: unexpected arguments %q\n%s", cmd, fs.Args(), usage)
-		return cfg, "", false
+	if cmd == "inspect" && len(operands) == 1 {
+		key = operands[0]
+	} else if len(operands) > 0 {
+		fmt.Fprintf(stderr, "tenace %s: unexpected arguments %q\n%s", cmd, operands, usage)
+		return cfg, "", 2
 	}
 	if cmd == "inspect" && key == "" {
 		fmt.Fprintf(stderr, "tenace inspect: which key? tenace inspect KEY --redis ADDR\n")
-		return cfg, "", false
+		return cfg, "", 2
 	}
 	if n := btoi(cfg.redis != "") + btoi(cfg.postgres != "") + btoi(cfg.etcd != ""); n != 1 {
 		fmt.Fprintf(stderr, "tenace %s: give one server: --redis ADDR, --postgres URL or --etcd URLS\n", cmd)
-		return cfg, "", false
+		return cfg, "", 2
 	}
 	if cfg.timeout <= 0 || cfg.max <= 0 && cmd == "locks" {
 		fmt.Fprintf(stderr, "tenace %s: --timeout and --max must be positive\n", cmd)
-		return cfg, "", false
+		return cfg, "", 2
 	}
-	return cfg, key, true
+	return cfg, key, -1
 }
 
 // inspectKey writes what p says of key, and returns the exit status.

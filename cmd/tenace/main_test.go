@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -253,4 +254,46 @@ func TestShowKey(t *testing.T) {
 	} {
 		require.Equal(t, want, showKey(in))
 	}
+}
+
+// The key of inspect may sit anywhere among the flags, as the usage line
+// allows: flags after it are read, not taken for extra arguments.
+func TestInspectKeyAmongFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		key  string
+	}{
+		{[]string{"--timeout", "2s", "k", "--json"}, "k"},
+		{[]string{"k", "--json", "--timeout", "2s"}, "k"},
+		{[]string{"--json", "k"}, "k"},
+		{[]string{"--json", "--", "-k"}, "-k"},
+	} {
+		var errOut bytes.Buffer
+		cfg, key, status := parse("inspect", append([]string{"--redis", "127.0.0.1:1"}, c.args...), &errOut)
+		require.Equal(t, -1, status, "%q: %s", c.args, errOut.String())
+		require.Equal(t, c.key, key, "%q", c.args)
+		require.True(t, cfg.json, "%q: --json read", c.args)
+		if slices.Contains(c.args, "--timeout") {
+			require.Equal(t, 2*time.Second, cfg.timeout, "%q: --timeout read", c.args)
+		}
+	}
+	code, _, errOut := runCmd("inspect", "a", "b", "--redis", "127.0.0.1:1")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, `unexpected arguments ["a" "b"]`)
+}
+
+// Help asked for, of a command or of the program, is status 0 with the
+// flags described; a bad flag is status 2.
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"help"}, {"locks", "-h"}, {"inspect", "--help"}} {
+		code, out, errOut := runCmd(args...)
+		require.Equal(t, 0, code, "%q", args)
+		require.Empty(t, out)
+		require.Contains(t, errOut, "usage:", "%q", args)
+	}
+	code, _, errOut := runCmd("locks", "-h")
+	require.Equal(t, 0, code)
+	require.Contains(t, errOut, "-prefix", "the command's flags described")
+	code, _, _ = runCmd("locks", "--redis")
+	require.Equal(t, 2, code)
 }

@@ -2,12 +2,14 @@ package lockhttp_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -191,4 +193,54 @@ func TestPageInABrowser(t *testing.T) {
 	default:
 	}
 	require.False(t, strings.Contains(strings.Join(rows[0], ""), "\xff"))
+}
+
+// switchable is an inspector whose List fails while down is set.
+type switchable struct {
+	tenace.Inspector
+	down atomic.Bool
+}
+
+func (s *switchable) List(ctx context.Context, opts tenace.ListOptions) (tenace.ListPage, error) {
+	if s.down.Load() {
+		return tenace.ListPage{}, errors.New("redislock: List: dial tcp 127.0.0.1:6379: connect: connection refused")
+	}
+	return s.Inspector.List(ctx, opts)
+}
+
+// A provider that stops answering after the page was loaded: the page's
+// refresh shows the error and says the keys are unknown, never "no key is
+// held"; once the provider answers again, the keys come back.
+func TestPageInABrowserOutage(t *testing.T) {
+	ctx := browser(t)
+	p := tenace.NewMemoryLockProvider(tenace.WithOwner("api-7f9c"))
+	defer p.Close()
+	in := &switchable{Inspector: p}
+	srv := httptest.NewServer(lockhttp.Handler(in, lockhttp.WithRefresh(100*time.Millisecond)))
+	defer srv.Close()
+	defer hold(t, p, "orders/1", tenace.LockAcquireOptions{}).Release(bg)
+
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(srv.URL+"/"),
+		chromedp.WaitVisible(chromedp.CSS(`body[data-refreshed]`)),
+	))
+	in.down.Store(true)
+	_, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](`document.getElementById("error").textContent.includes("connection refused")`,
+		chromedp.WithPollingTimeout(30*time.Second)))
+	require.NoError(t, err, "the page shows the provider's error")
+	page, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText`))
+	require.NoError(t, err)
+	require.NotContains(t, page, "no key is held", "an outage is not an empty table")
+	require.NotContains(t, page, "0 keys held")
+	require.NotContains(t, page, "nobody waits")
+	require.NotContains(t, page, "orders/1", "no stale row shown as current")
+	require.Contains(t, page, "no answer from the provider")
+
+	in.down.Store(false)
+	_, err = chromedp.Run(ctx, chromedp.Poll[chromedp.Void](`Array.from(document.querySelectorAll("#keys td.key")).some(td => td.textContent === "orders/1")`,
+		chromedp.WithPollingTimeout(30*time.Second)))
+	require.NoError(t, err, "the keys come back when the provider answers")
+	msg, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("error").textContent`))
+	require.NoError(t, err)
+	require.Empty(t, msg)
 }

@@ -184,6 +184,13 @@ func TestProviderErrorIsShown(t *testing.T) {
 	rec = get(t, h, "/")
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
 	require.Contains(t, rec.Body.String(), "closed")
+	// The page (before its script) says the listing is unknown, not that
+	// nothing is held.
+	shown, _, _ := strings.Cut(rec.Body.String(), "<script")
+	require.NotContains(t, shown, "no key is held")
+	require.NotContains(t, shown, "0 keys held")
+	require.NotContains(t, shown, "nobody waits")
+	require.Contains(t, shown, "no answer from the provider")
 
 	h = lockhttp.Handler(failing{}, lockhttp.WithTimeout(time.Millisecond))
 	rec = get(t, h, "/json")

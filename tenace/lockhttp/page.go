@@ -29,17 +29,17 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 </head>
 <body>
 <h1>Held locks</h1>
-<div id="status">{{len .Keys}} keys held{{if .Prefix}} under <code>{{.Prefix}}</code>{{end}}{{if .Truncated}} (the first {{len .Keys}} only){{end}} · at {{.At.Format "15:04:05"}}</div>
+<div id="status">{{if .Error}}no answer from the provider: the held keys are unknown{{else}}{{len .Keys}} keys held{{end}}{{if .Prefix}} under <code>{{.Prefix}}</code>{{end}}{{if .Truncated}} (the first {{len .Keys}} only){{end}} · at {{.At.Format "15:04:05"}}</div>
 <div id="error">{{.Error}}</div>
 <h2>Longest waits</h2>
-<ol id="waits">{{range .Waits}}<li><span class="{{if .Quoted}}quoted{{end}}">{{.Key}}</span>: {{.Waiting}} waiting, the oldest for {{.LongestWait}}</li>{{else}}<li class="empty">nobody waits</li>{{end}}</ol>
+<ol id="waits">{{range .Waits}}<li><span class="{{if .Quoted}}quoted{{end}}">{{.Key}}</span>: {{.Waiting}} waiting, the oldest for {{.LongestWait}}</li>{{else}}<li class="empty">{{if .Error}}unknown{{else}}nobody waits{{end}}</li>{{end}}</ol>
 <h2>Keys</h2>
 <table id="keys">
 <thead><tr>
 <th data-col="key">Key</th><th data-col="owner">Owner</th><th data-col="mode">Mode</th>
 <th data-col="age">Held for</th><th data-col="waiting">Waiting</th><th data-col="wait">Longest wait</th>
 </tr></thead>
-<tbody>{{range .Keys}}<tr><td class="key{{if .Quoted}} quoted{{end}}">{{.Key}}</td><td>{{.Owners}}</td><td>{{.Mode}}</td><td class="num">{{.Age}}</td><td class="num">{{.Waiting}}</td><td class="num">{{.LongestWait}}</td></tr>{{else}}<tr><td class="empty" colspan="6">no key is held</td></tr>{{end}}</tbody>
+<tbody>{{range .Keys}}<tr><td class="key{{if .Quoted}} quoted{{end}}">{{.Key}}</td><td>{{.Owners}}</td><td>{{.Mode}}</td><td class="num">{{.Age}}</td><td class="num">{{.Waiting}}</td><td class="num">{{.LongestWait}}</td></tr>{{else}}<tr><td class="empty" colspan="6">{{if .Error}}unknown: no answer from the provider{{else}}no key is held{{end}}</td></tr>{{end}}</tbody>
 </table>
 <script nonce="{{.Nonce}}">
 "use strict";
@@ -47,7 +47,9 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
   const refreshMS = {{.RefreshMS}};
   const params = new URLSearchParams(location.search);
   const url = location.pathname + "?format=json" + (params.has("prefix") ? "&prefix=" + encodeURIComponent(params.get("prefix")) : "");
-  let keys = null, sortCol = "key", sortDir = 1;
+  // failed is set while the provider does not answer: the keys are then
+  // unknown, never shown as none held.
+  let keys = null, failed = false, sortCol = "key", sortDir = 1;
 
   function fmt(ms) {
     if (!(ms > 0)) return "—";
@@ -93,7 +95,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
     }
     if (!keys.length) {
       const tr = document.createElement("tr");
-      cell(tr, "no key is held", "empty");
+      cell(tr, failed ? "unknown: no answer from the provider" : "no key is held", "empty");
       tr.firstChild.colSpan = 6;
       body.appendChild(tr);
     }
@@ -119,7 +121,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
     if (!waiting.length) {
       const li = document.createElement("li");
       li.className = "empty";
-      li.textContent = "nobody waits";
+      li.textContent = failed ? "unknown" : "nobody waits";
       ol.appendChild(li);
     }
     waits.replaceWith(ol);
@@ -129,15 +131,19 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
       const resp = await fetch(url, { headers: { Accept: "application/json" }, cache: "no-store" });
       const snap = await resp.json();
       document.getElementById("error").textContent = snap.error || "";
-      keys = snap.keys || [];
+      failed = !!snap.error;
+      keys = failed ? [] : snap.keys || [];
       const at = new Date(snap.at);
-      document.getElementById("status").textContent = keys.length + " keys held" +
+      document.getElementById("status").textContent = (failed ? "no answer from the provider: the held keys are unknown" : keys.length + " keys held") +
         (snap.prefix ? " under " + snap.prefix : "") + (snap.truncated ? " (the first " + keys.length + " only)" : "") +
         " · at " + at.toLocaleTimeString();
-      render();
     } catch (e) {
+      failed = true;
+      keys = [];
       document.getElementById("error").textContent = "refresh failed: " + e;
+      document.getElementById("status").textContent = "no answer from the page's server: the held keys are unknown";
     }
+    render();
     document.body.dataset.refreshed = String(Number(document.body.dataset.refreshed || 0) + 1);
   }
   for (const th of document.querySelectorAll("#keys th")) {

@@ -181,7 +181,10 @@ func (s *suite) inspectShared(t *testing.T) {
 func (s *suite) list(t *testing.T) {
 	p := s.newProvider(t)
 	ip := inspector(t, p)
-	prefix := s.key(t) + "/"
+	// The prefix holds the characters a glob (Redis MATCH), a LIKE pattern
+	// or a regular expression gives a meaning: List takes them literally.
+	base := s.key(t)
+	prefix := base + "/[a]%_*?\\/"
 	want := map[string]bool{}
 	for i := range 7 {
 		want[prefix+string(rune('a'+i))] = true
@@ -238,8 +241,52 @@ func (s *suite) list(t *testing.T) {
 	for _, k := range hostileKeys {
 		s.inspect(t, ip, prefix+k) // byte for byte, and no error
 	}
+	for _, l := range leases {
+		mustRelease(t, l)
+	}
+	leases = nil
+	s.listLiteralPrefix(t, p, ip, base, prefix)
 	if _, err := ip.List(s.ctx(t), tenace.ListOptions{Prefix: prefix, Limit: -1}); !errors.Is(err, tenace.ErrInvalidOption) {
 		t.Errorf("List with Limit -1 = %v, want an error wrapping ErrInvalidOption", err)
+	}
+}
+
+// listLiteralPrefix: List under prefix (base followed by wildcard
+// characters) returns none of the keys the prefix would match were one of
+// its characters a wildcard. Run alone, with few grants: a provider may
+// bound its held keys (pglock's connections).
+func (s *suite) listLiteralPrefix(t *testing.T, p tenace.LockProvider, ip tenace.Inspector, base, prefix string) {
+	t.Helper()
+	in := prefix + "in"
+	keys := []string{in}
+	for _, r := range []struct{ old, new string }{{"[a]", "a"}, {"%", "x"}, {"_", "x"}, {"*", "xx"}, {"?", "x"}, {"\\", "x"}} {
+		keys = append(keys, base+strings.Replace(strings.TrimPrefix(prefix, base), r.old, r.new, 1)+"a")
+	}
+	var leases []tenace.LockLease
+	defer func() {
+		for _, l := range leases {
+			mustRelease(t, l)
+		}
+	}()
+	for _, k := range keys {
+		leases = append(leases, s.mustAcquire(t, p, k, tenace.LockAcquireOptions{}))
+	}
+	var got []string
+	for opts, pages := (tenace.ListOptions{Prefix: prefix, Limit: 2}), 0; pages < 1000; pages++ {
+		page, err := ip.List(s.ctx(t), opts)
+		if err != nil {
+			t.Fatalf("List(prefix %q): %v", prefix, err)
+		}
+		for _, k := range page.Keys {
+			got = append(got, k.Key)
+		}
+		if page.Next == "" {
+			break
+		}
+		opts.Cursor = page.Next
+	}
+	if len(got) != 1 || got[0] != in {
+		t.Errorf("List(prefix %q) = %q, want only %q: a character of the prefix taken as a wildcard", prefix, got, in)
 	}
 }
 
