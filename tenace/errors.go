@@ -119,10 +119,12 @@ func (e *LockNotAcquiredError) Error() string {
 // for 3m12s".
 func (e *LockNotAcquiredError) whoHolds() string {
 	s := "by " + keyfmt.Label(e.Holder.Owner)
-	if e.Holder.Owner == "" {
+	switch {
+	case e.Holder.Owner == "" && e.Holder.Shared:
+		s = "shared by readers the provider does not name"
+	case e.Holder.Owner == "":
 		s = "by an owner the provider does not name"
-	}
-	if e.Holder.Shared {
+	case e.Holder.Shared:
 		s = "shared " + s + " (its oldest holder)"
 	}
 	switch {

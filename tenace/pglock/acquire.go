@@ -76,6 +76,13 @@ var errGaveUp = errors.New("pglock: the server did not answer the call its Acqui
 //
 // A nil ctx panics.
 //
+// A NoWait refusal calls opts.OnHeld (a Lock: its *LockNotAcquiredError)
+// with what the refusal's own statement read from the key's row: the
+// holder of a key held exclusive, named with its grant time and token; for
+// a key held shared, Shared and no name, since the row keeps readers that
+// have let go (Inspect names the live ones). A refusal at a Timeout names
+// nobody: the wait's statement ends in lock_timeout, with no row.
+//
 // With a ctx inside Lock steps that hold leases of p (a nested Lock), a
 // wait for the key, exclusive or a reader's (not NoWait), runs on the session of those leases, and its
 // lease joins it, so that PostgreSQL's deadlock detector sees a cycle

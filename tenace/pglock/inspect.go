@@ -144,6 +144,9 @@ func (p *Provider) ownerSet(param string, mode lockMode, permits string) string 
 	if permits != "" {
 		n = `, 'n', ` + permits + `::int4`
 	}
+	if mode != modeExclusive {
+		n += `, 's', true`
+	}
 	member := `jsonb_build_object(pg_backend_pid()::text, jsonb_build_object('o', ` + param + `::text, 't', clock_timestamp(), 'f', fence + 1` + n + `))`
 	if mode == modeExclusive {
 		return `, owners = ` + member
@@ -161,31 +164,34 @@ type owned struct {
 	Since   time.Time `json:"t"`
 	Token   int64     `json:"f"`
 	Permits int       `json:"n"`
+	Shared  bool      `json:"s"`
 }
 
 // onHeld calls f with the holder a NoWait try's refusal read, if it read
-// one: the newest member of the key's owners (an exclusive holder's is
-// the only one). Only a NoWait call: the others' statements end in
-// lock_timeout or a cancel, which return no row (and may run on a worker
-// Acquire left).
+// one. Only a NoWait call: the others' statements end in lock_timeout or a
+// cancel, which return no row (and may run on a worker Acquire left).
+//
+// An exclusive grant makes its holder the key's only owner: that one is
+// named. A shared grant adds its holder to the owners and keeps the others
+// (pruned to the live ones only past maxOwners, see ownerSet), so a
+// refusal by readers cannot tell which members still hold the key without
+// reading pg_locks: it says "held shared" and names nobody (Inspect names
+// the live holders).
 func (c *call) onHeld(f func(tenace.HolderInfo)) {
 	if c.opts.Timeout != tenace.NoWait || len(c.heldBy) == 0 {
 		return
 	}
 	var owners map[string]owned
-	if json.Unmarshal(c.heldBy, &owners) != nil {
+	if json.Unmarshal(c.heldBy, &owners) != nil || len(owners) == 0 {
 		return
 	}
-	var newest *owned
 	for _, o := range owners {
-		if newest == nil || o.Since.After(newest.Since) {
-			newest = &o
+		if o.Shared || len(owners) > 1 {
+			f(tenace.HolderInfo{Shared: true})
+			return
 		}
+		f(tenace.HolderInfo{Owner: o.Owner, Since: o.Since, Token: uint64(max(o.Token, 0)), Permits: o.Permits})
 	}
-	if newest == nil {
-		return
-	}
-	f(tenace.HolderInfo{Owner: newest.Owner, Since: newest.Since, Token: uint64(max(newest.Token, 0)), Permits: newest.Permits})
 }
 
 // inspectSQL reads keys ($1, an array) with their locks ($2, the class

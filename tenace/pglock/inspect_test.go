@@ -97,6 +97,35 @@ func TestOnHeld(t *testing.T) {
 	require.NoError(t, l3.Release(bg))
 }
 
+// A NoWait refusal by readers says "held shared" and names none of them:
+// the owners record keeps readers that have let go (up to maxOwners), so
+// the newest member is not a live holder.
+func TestOnHeldByReaders(t *testing.T) {
+	srv := server(t)
+	p := newProvider(t, srv, pglock.WithOwner("svc"))
+	key := keyOf(t, "k")
+	r1 := mustAcquire(t, p, key, tenace.LockAcquireOptions{Shared: true, Owner: "reader-1"})
+	r2 := mustAcquire(t, p, key, tenace.LockAcquireOptions{Shared: true, Owner: "reader-2"})
+	require.NoError(t, r2.Release(bg))
+	var got []tenace.HolderInfo
+	w, err := p.Acquire(bg, key, tenace.LockAcquireOptions{Timeout: tenace.NoWait, OnHeld: func(h tenace.HolderInfo) { got = append(got, h) }})
+	require.NoError(t, err)
+	require.Nil(t, w)
+	require.Equal(t, []tenace.HolderInfo{{Shared: true}}, got, "shared, nobody named: reader-2 has let go")
+	msg := (&tenace.LockNotAcquiredError{Key: key, Timeout: tenace.NoWait, Holder: &got[0]}).Error()
+	require.Contains(t, msg, "held shared by readers the provider does not name")
+
+	// One reader alone is named as shared too: it may have let go.
+	require.NoError(t, r1.Release(bg))
+	r3 := mustAcquire(t, p, key, tenace.LockAcquireOptions{Shared: true, Owner: "reader-3"})
+	got = nil
+	w, err = p.Acquire(bg, key, tenace.LockAcquireOptions{Timeout: tenace.NoWait, OnHeld: func(h tenace.HolderInfo) { got = append(got, h) }})
+	require.NoError(t, err)
+	require.Nil(t, w)
+	require.Equal(t, []tenace.HolderInfo{{Shared: true}}, got)
+	require.NoError(t, r3.Release(bg))
+}
+
 // List pages through the keys held under a prefix, in key order, with
 // hostile keys; keys outside the prefix, and released ones, are left out.
 func TestList(t *testing.T) {
