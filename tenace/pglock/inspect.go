@@ -240,8 +240,10 @@ ORDER BY k.key LIMIT $5`
 //
 // Waiters are the sessions waiting for the key in pg_locks (and those at
 // or waiting for a bulkhead's gate), oldest first with the time they began
-// to wait (PostgreSQL 14 and later); their owners are not known (Owner
-// ""). LongestWait is the oldest one's wait.
+// to wait (PostgreSQL 14 and later; a bulkhead's head waiter, which holds
+// the gate while it waits for a permit, is granted the gate, so pg_locks
+// gives it no wait start: zero Since); their owners are not known (Owner
+// ""). LongestWait is the oldest known wait.
 //
 // An outage is an error, as in Acquire: a refused connection wraps the
 // dial's error (errors.Is(err, syscall.ECONNREFUSED)); a server that does
