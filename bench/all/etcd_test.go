@@ -1,9 +1,13 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,14 +23,20 @@ import (
 //
 //	uncontended/<impl>  one goroutine, acquire+release of its own key; also
 //	                    the unary requests (round trips) per op — keepalives
-//	                    are a stream, not counted
+//	                    are a stream, not counted —, the Raft proposals etcd
+//	                    committed per op (raft/op), and the CPU per op of
+//	                    this process (client-µs/op: the client, the one
+//	                    running, as the other's is closed) and of etcd
+//	                    (server-µs/op, from its /metrics), steadier than
+//	                    the wall clock on a loaded machine
 //	handoff/<impl>      8 goroutines on one key, 200µs think time; handoff-µs
 //	                    is the mean time from the end of one holder's work to
 //	                    the start of a different holder's
 //
 //	go test ./bench/all -run '^$' -bench Etcd -benchtime 2s
 func BenchmarkEtcd(b *testing.B) {
-	endpoints := strings.Join(etcdtest.Start(b).Endpoints(), ",")
+	cluster := etcdtest.Start(b)
+	endpoints := strings.Join(cluster.Endpoints(), ",")
 	for _, impl := range etcdImpls {
 		b.Run("uncontended/"+impl.name, func(b *testing.B) {
 			var reqs atomic.Int64
@@ -43,13 +53,21 @@ func BenchmarkEtcd(b *testing.B) {
 			ctx := context.Background()
 			require.NoError(b, l.Do(ctx, "u-"+impl.name, load.Noop)) // warm the connection
 			reqs.Store(0)
+			server0 := etcdMetrics(b, cluster.Members[0].ClientURL)
+			client0 := cpuTime()
 			b.ReportAllocs()
 			for b.Loop() {
 				if err := l.Do(ctx, "u-"+impl.name, load.Noop); err != nil {
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric(float64(reqs.Load())/float64(b.N), "reqs/op")
+			client := cpuTime() - client0
+			server := etcdMetrics(b, cluster.Members[0].ClientURL)
+			n := float64(b.N)
+			b.ReportMetric(float64(reqs.Load())/n, "reqs/op")
+			b.ReportMetric((server.proposals-server0.proposals)/n, "raft/op")
+			b.ReportMetric(client.Seconds()*1e6/n, "client-µs/op")
+			b.ReportMetric((server.cpu-server0.cpu)*1e6/n, "server-µs/op")
 		})
 	}
 	for _, impl := range etcdFamily().Impls {
@@ -60,6 +78,45 @@ func BenchmarkEtcd(b *testing.B) {
 			handoff(b, l, "h-"+impl.Name)
 		})
 	}
+}
+
+// cpuTime is the CPU time (user and system) this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// serverCounters are counters of an etcd member, read from its /metrics.
+type serverCounters struct {
+	cpu       float64 // process_cpu_seconds_total
+	proposals float64 // etcd_server_proposals_committed_total
+}
+
+// etcdMetrics reads the counters of the member at url.
+func etcdMetrics(b *testing.B, url string) serverCounters {
+	resp, err := http.Get(url + "/metrics")
+	require.NoError(b, err)
+	defer resp.Body.Close()
+	var c serverCounters
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, value, ok := strings.Cut(sc.Text(), " ")
+		if !ok {
+			continue
+		}
+		switch name {
+		case "process_cpu_seconds_total":
+			c.cpu, err = strconv.ParseFloat(value, 64)
+		case "etcd_server_proposals_committed_total":
+			c.proposals, err = strconv.ParseFloat(value, 64)
+		}
+		require.NoError(b, err)
+	}
+	require.NoError(b, sc.Err())
+	return c
 }
 
 // etcdEndpoints starts a one-member etcd for t: skipped when etcd is not
