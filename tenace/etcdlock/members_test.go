@@ -108,6 +108,12 @@ func TestAMemberDies(t *testing.T) {
 	}
 }
 
+// timeoutBound is how far past its Timeout an Acquire may return (the
+// package doc: the Timeout is a bound), beyond a bare timer's lateness
+// (timerLateness) armed beside it for the Timeout: what the provider adds,
+// not what a loaded machine adds to every wait.
+const timeoutBound = 50 * time.Millisecond
+
 // timerLateness arms a bare timer of d and returns a function that waits
 // for it and says how late its callback ran: the machine's own lateness
 // at that moment, which a bound allows on top of its own.

@@ -39,8 +39,9 @@ const (
 // create it with New and Close it when done. It does not own the client:
 // close the client after the provider.
 //
-// Goroutines: one per held lease and per waiting caller past its first
-// request (its keepalive), and the client's own (gRPC, watches).
+// Goroutines: one per lease, held or waited for, from its first keepalive
+// on (its keeper, started a renewal interval or less after the grant),
+// and the client's own (gRPC, watches).
 type Provider struct {
 	client   *clientv3.Client
 	prefix   string
@@ -569,7 +570,7 @@ func (a *attempt) queueUp() reply {
 	a.sent, a.replied = time.Now(), false
 	view := a.viewOps(a.dir, 0, false)
 	value := p.ownerValue(entryValue(a.opts), a.opts.Owner)
-	resp, _, err := hedge(a.first, hedgeAfter, a.until, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+	resp, tries, err := hedge(a.first, hedgeAfter, a.until, func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return p.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.l.name), "=", 0)).
 			Then(append([]clientv3.Op{clientv3.OpPut(a.l.name, value, clientv3.WithLease(a.g.ID))}, view...)...).
 			Else(append([]clientv3.Op{clientv3.OpGet(a.l.name, clientv3.WithKeysOnly())}, view...)...).Commit()
@@ -579,6 +580,7 @@ func (a *attempt) queueUp() reply {
 	}
 	a.replied = true
 	a.l.rev = resp.Header.Revision // the put's create revision: the only write of the Txn
+	a.l.reusable = tries == 1 && resp.Succeeded
 	if !resp.Succeeded {
 		kvs := resp.Responses[0].GetResponseRange().Kvs
 		if len(kvs) == 0 {
