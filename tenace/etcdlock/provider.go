@@ -152,7 +152,7 @@ func margin(window time.Duration) time.Duration { return min(window/4, MaxMargin
 // ErrUnreachable is wrapped by the error Acquire returns at once when the
 // client's connection to the cluster is in TRANSIENT_FAILURE: no member
 // could be reached at its last try.
-var ErrUnreachable = errors.New("etcdlock: no etcd member can be reached (the client's connection is in TRANSIENT_FAILURE); check the endpoints and that the cluster runs")
+var ErrUnreachable = errors.New("etcdlock: no etcd member can be reached; check the client's endpoints and that the cluster runs")
 
 // errClosed is what Acquire returns on a closed provider.
 var errClosed = fmt.Errorf("%w (etcdlock.Provider.Close was called)", tenace.ErrProviderClosed)
@@ -197,10 +197,16 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	if p.closed.Err() != nil {
 		return nil, errClosed
 	}
-	actx, cancel := tenace.AcquireContext(ctx, opts)
-	defer cancel()
-	base := actx
-	if !clock.IsSystem(opts.Clock) {
+	// The wait context, wctx, ends with ctx, the Timeout (if any) and
+	// Close.
+	base, actx := ctx, ctx
+	if opts.Timeout > 0 {
+		var cancel context.CancelFunc
+		actx, cancel = tenace.AcquireContext(ctx, opts)
+		defer cancel()
+		base = actx
+	}
+	if opts.Timeout > 0 && !clock.IsSystem(opts.Clock) {
 		// actx's deadline is on opts.Clock, and gRPC would take it for a
 		// real one (with a clock behind real time every call would time
 		// out at once): the calls get ctx's deadline, and end with actx.
@@ -690,13 +696,13 @@ func (a *attempt) failed(err error) (tenace.LockLease, error) {
 	}
 	if tenace.TimedOut(a.ctx, a.wctx) {
 		if !a.held && clock.IsSystem(a.opts.Clock) && !a.peekedHeld() {
-			return nil, fmt.Errorf("%w: etcdlock: etcd did not say whether %s is held within the call's %v Timeout and %v more for a reply in flight (%v)",
+			return nil, fmt.Errorf("%w: etcdlock: etcd did not say whether %s is held within the call's %v Timeout and %v more for a reply in flight; retry later, and if it persists, check that a quorum of the cluster runs and answers (%v)",
 				tenace.ErrNoReply, keyfmt.Quote(a.key), a.opts.Timeout, noreply.LateReply, err)
 		}
 		if a.replied || noreply.Unanswered(a.wctx, a.sent) < noreply.Grace {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("%w: etcdlock: a request for %s went unanswered for %v, until the call's %v Timeout (%v)",
+		return nil, fmt.Errorf("%w: etcdlock: a request for %s went unanswered for %v, until the call's %v Timeout; retry later, and if it persists, check that a quorum of the cluster runs and answers (%v)",
 			tenace.ErrNoReply, keyfmt.Quote(a.key), noreply.Unanswered(a.wctx, a.sent).Round(time.Millisecond), a.opts.Timeout, err)
 	}
 	return nil, err
