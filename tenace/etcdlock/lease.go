@@ -335,7 +335,11 @@ func (l *lease) release(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(ctx, provkit.CleanupTimeout)
 		defer cancel()
 	}
+	var try atomic.Int32
 	resp, tries, err := hedge(ctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.DeleteResponse, error) {
+		if l.p.beforeTry != nil {
+			l.p.beforeTry(ctx, "release", try.Add(1))
+		}
 		return l.p.client.Delete(ctx, l.name)
 	})
 	switch {

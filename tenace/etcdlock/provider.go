@@ -73,6 +73,10 @@ type Provider struct {
 	refilling bool      // a grant of the next spare is in flight
 
 	beforeWatch func(rev int64) // a test hook (see SetBeforeWatch); nil otherwise
+	// beforeTry, a test hook (see SetBeforeTry), runs at each try of the
+	// queueing ("queue") and of a release's delete ("release"), with the
+	// try's context and its number from 1; nil otherwise
+	beforeTry func(ctx context.Context, req string, try int32)
 }
 
 var (
@@ -576,7 +580,11 @@ func (a *attempt) queueUp() reply {
 	a.sent, a.replied = time.Now(), false
 	view := a.viewOps(a.dir, 0, false)
 	value := p.ownerValue(entryValue(a.opts), a.opts.Owner)
+	var try atomic.Int32
 	resp, tries, err := hedge(a.first, hedgeAfter, a.until, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		if p.beforeTry != nil {
+			p.beforeTry(ctx, "queue", try.Add(1))
+		}
 		return p.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.l.name), "=", 0)).
 			Then(append([]clientv3.Op{clientv3.OpPut(a.l.name, value, clientv3.WithLease(a.g.ID))}, view...)...).
 			Else(append([]clientv3.Op{clientv3.OpGet(a.l.name, clientv3.WithKeysOnly())}, view...)...).Commit()
