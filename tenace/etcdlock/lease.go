@@ -330,13 +330,12 @@ func (l *lease) Release(ctx context.Context) error {
 // lease gone; a delete that fails leaves the next Release to revoke the
 // lease.
 func (l *lease) release(ctx context.Context) error {
+	var limit time.Duration // a ctx without a deadline: provkit.CleanupTimeout
 	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, provkit.CleanupTimeout)
-		defer cancel()
+		limit = provkit.CleanupTimeout
 	}
 	var try atomic.Int32
-	resp, tries, err := hedge(ctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.DeleteResponse, error) {
+	resp, tries, err := hedgeWithin(ctx, limit, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.DeleteResponse, error) {
 		if l.p.beforeTry != nil {
 			l.p.beforeTry(ctx, "release", try.Add(1))
 		}

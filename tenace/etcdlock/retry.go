@@ -75,7 +75,19 @@ func transient(err error) bool {
 // the wait to a goroutine of its own, which starts the hedged tries, only
 // when every passes first.
 func hedge[T any](ctx context.Context, every time.Duration, until time.Time, f func(context.Context) (T, error)) (resp T, tries int, err error) {
+	return hedgeWithin(ctx, 0, every, until, f)
+}
+
+// hedgeWithin is hedge bounded by limit, when it is not zero (and past
+// every): the tries still unanswered at limit are cut short, and it
+// returns the last transient error or context.DeadlineExceeded. The bound
+// is hedge's own, not a deadline of ctx, so that gRPC sends the tries
+// without one (no timer per request on either side).
+func hedgeWithin[T any](ctx context.Context, limit, every time.Duration, until time.Time, f func(context.Context) (T, error)) (resp T, tries int, err error) {
 	h := &hedging[T]{ctx: ctx, every: every, until: until, f: f, tries: 1}
+	if limit > 0 {
+		h.limit = time.Now().Add(limit)
+	}
 	defer h.wg.Wait() // after the cancel, which ends the tries
 	h.hctx, h.cancel = context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer h.cancel()
@@ -109,6 +121,7 @@ type hedging[T any] struct {
 	cancel    context.CancelFunc
 	every     time.Duration
 	until     time.Time
+	limit     time.Time // zero: none (see hedgeWithin)
 	f         func(context.Context) (T, error)
 	wg        sync.WaitGroup // the tries started on goroutines of their own
 	tries     int
@@ -149,8 +162,19 @@ func (h *hedging[T]) loop(inFlight int, last error, wait time.Duration) (T, erro
 	var zero T
 	next := time.NewTimer(wait)
 	defer next.Stop()
+	var limit <-chan time.Time
+	if !h.limit.IsZero() {
+		t := time.NewTimer(time.Until(h.limit))
+		defer t.Stop()
+		limit = t.C
+	}
 	for {
 		select {
+		case <-limit:
+			if last == nil {
+				last = context.DeadlineExceeded
+			}
+			return zero, last
 		case a := <-h.answers:
 			inFlight--
 			if a.err == nil || !transient(a.err) || h.ctx.Err() != nil {

@@ -124,6 +124,26 @@ func TestHedge(t *testing.T) {
 		})
 	})
 
+	t.Run("past the limit, unanswered: DeadlineExceeded, every try ended, none with a deadline", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			start := time.Now()
+			var running atomic.Int32
+			_, tries, err := hedgeWithin(t.Context(), 900*time.Millisecond, every, time.Time{}, func(ctx context.Context) (int, error) {
+				if _, ok := ctx.Deadline(); ok {
+					t.Error("a try with a deadline")
+				}
+				running.Add(1)
+				defer running.Add(-1)
+				<-ctx.Done()
+				return 0, ctx.Err()
+			})
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			require.Equal(t, 4, tries, "tries at 0, 250, 500 and 750ms")
+			require.Equal(t, 900*time.Millisecond, time.Since(start))
+			require.Zero(t, running.Load(), "hedge returned before its tries")
+		})
+	})
+
 	t.Run("ctx ends while hedged: ctx's error, every try ended", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 900*time.Millisecond)
