@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -55,19 +54,21 @@ func BenchmarkEtcd(b *testing.B) {
 			require.NoError(b, l.Do(ctx, "u-"+impl.name, load.Noop)) // warm the connection
 			reqs.Store(0)
 			server0 := etcdMetrics(b, cluster.Members[0].ClientURL)
-			client0 := cpuTime()
+			client0 := processCPU()
 			b.ReportAllocs()
 			for b.Loop() {
 				if err := l.Do(ctx, "u-"+impl.name, load.Noop); err != nil {
 					b.Fatal(err)
 				}
 			}
-			client := cpuTime() - client0
+			client1 := processCPU()
 			server := etcdMetrics(b, cluster.Members[0].ClientURL)
 			n := float64(b.N)
 			b.ReportMetric(float64(reqs.Load())/n, "reqs/op")
 			b.ReportMetric((server.proposals-server0.proposals)/n, "raft/op")
-			b.ReportMetric(client.Seconds()*1e6/n, "client-µs/op")
+			if client0 >= 0 && client1 >= 0 {
+				b.ReportMetric((client1-client0).Seconds()*1e6/n, "client-µs/op")
+			}
 			b.ReportMetric((server.cpu-server0.cpu)*1e6/n, "server-µs/op")
 		})
 	}
@@ -102,15 +103,6 @@ func warmEtcd(b *testing.B, endpoints string) {
 // etcdWarmup is warmEtcd's count per implementation (about a second of
 // each on this host).
 const etcdWarmup = 500
-
-// cpuTime is the CPU time (user and system) this process has used.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // serverCounters are counters of an etcd member, read from its /metrics.
 type serverCounters struct {
