@@ -124,42 +124,37 @@ func TestHedge(t *testing.T) {
 		})
 	})
 
-	t.Run("past the limit, unanswered: DeadlineExceeded, every try ended, none with a deadline", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			start := time.Now()
-			var running atomic.Int32
-			_, tries, err := hedgeWithin(t.Context(), 900*time.Millisecond, every, time.Time{}, func(ctx context.Context) (int, error) {
-				if _, ok := ctx.Deadline(); ok {
-					t.Error("a try with a deadline")
+	for _, tc := range []struct {
+		name  string
+		limit bool // hedgeWithin's limit, else a deadline of ctx
+	}{{"past the limit, no deadline on the tries", true}, {"ctx ends while hedged", false}} {
+		t.Run(tc.name+": DeadlineExceeded, every try ended", func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ctx, limit := t.Context(), 900*time.Millisecond
+				if !tc.limit {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, limit)
+					defer cancel()
+					limit = 0
 				}
-				running.Add(1)
-				defer running.Add(-1)
-				<-ctx.Done()
-				return 0, ctx.Err()
+				start := time.Now()
+				var running atomic.Int32
+				_, tries, err := hedgeWithin(ctx, limit, every, time.Time{}, func(ctx context.Context) (int, error) {
+					if _, ok := ctx.Deadline(); ok && tc.limit {
+						t.Error("a try with a deadline: the limit is hedge's own")
+					}
+					running.Add(1)
+					defer running.Add(-1)
+					<-ctx.Done()
+					return 0, ctx.Err()
+				})
+				require.ErrorIs(t, err, context.DeadlineExceeded)
+				require.Equal(t, 4, tries, "tries at 0, 250, 500 and 750ms")
+				require.Equal(t, 900*time.Millisecond, time.Since(start))
+				require.Zero(t, running.Load(), "hedge returned before its tries")
 			})
-			require.ErrorIs(t, err, context.DeadlineExceeded)
-			require.Equal(t, 4, tries, "tries at 0, 250, 500 and 750ms")
-			require.Equal(t, 900*time.Millisecond, time.Since(start))
-			require.Zero(t, running.Load(), "hedge returned before its tries")
 		})
-	})
-
-	t.Run("ctx ends while hedged: ctx's error, every try ended", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(t.Context(), 900*time.Millisecond)
-			defer cancel()
-			var running atomic.Int32
-			_, tries, err := hedge(ctx, every, time.Time{}, func(ctx context.Context) (int, error) {
-				running.Add(1)
-				defer running.Add(-1)
-				<-ctx.Done()
-				return 0, ctx.Err()
-			})
-			require.ErrorIs(t, err, context.DeadlineExceeded)
-			require.Equal(t, 4, tries, "tries at 0, 250, 500 and 750ms")
-			require.Zero(t, running.Load(), "hedge returned before its tries")
-		})
-	})
+	}
 }
 
 // goid is the calling goroutine's id, from its stack trace's first line.
