@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -19,14 +22,21 @@ import (
 //
 //	uncontended/<impl>  one goroutine, acquire+release of its own key; also
 //	                    the unary requests (round trips) per op — keepalives
-//	                    are a stream, not counted
+//	                    are a stream, not counted —, the Raft proposals etcd
+//	                    committed per op (raft/op), and the CPU per op of
+//	                    this process (client-µs/op: the client, the one
+//	                    running, as the other's is closed) and of etcd
+//	                    (server-µs/op, from its /metrics), steadier than
+//	                    the wall clock on a loaded machine
 //	handoff/<impl>      8 goroutines on one key, 200µs think time; handoff-µs
 //	                    is the mean time from the end of one holder's work to
 //	                    the start of a different holder's
 //
 //	go test ./bench/all -run '^$' -bench Etcd -benchtime 2s
 func BenchmarkEtcd(b *testing.B) {
-	endpoints := strings.Join(etcdtest.Start(b).Endpoints(), ",")
+	cluster := etcdtest.Start(b)
+	endpoints := strings.Join(cluster.Endpoints(), ",")
+	warmEtcd(b, endpoints)
 	for _, impl := range etcdImpls {
 		b.Run("uncontended/"+impl.name, func(b *testing.B) {
 			var reqs atomic.Int64
@@ -43,13 +53,23 @@ func BenchmarkEtcd(b *testing.B) {
 			ctx := context.Background()
 			require.NoError(b, l.Do(ctx, "u-"+impl.name, load.Noop)) // warm the connection
 			reqs.Store(0)
+			server0 := etcdMetrics(b, cluster.Members[0].ClientURL)
+			client0 := processCPU()
 			b.ReportAllocs()
 			for b.Loop() {
 				if err := l.Do(ctx, "u-"+impl.name, load.Noop); err != nil {
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric(float64(reqs.Load())/float64(b.N), "reqs/op")
+			client1 := processCPU()
+			server := etcdMetrics(b, cluster.Members[0].ClientURL)
+			n := float64(b.N)
+			b.ReportMetric(float64(reqs.Load())/n, "reqs/op")
+			b.ReportMetric((server.proposals-server0.proposals)/n, "raft/op")
+			if client0 >= 0 && client1 >= 0 {
+				b.ReportMetric((client1-client0).Seconds()*1e6/n, "client-µs/op")
+			}
+			b.ReportMetric((server.cpu-server0.cpu)*1e6/n, "server-µs/op")
 		})
 	}
 	for _, impl := range etcdFamily().Impls {
@@ -60,6 +80,58 @@ func BenchmarkEtcd(b *testing.B) {
 			handoff(b, l, "h-"+impl.Name)
 		})
 	}
+}
+
+// warmEtcd runs etcdWarmup acquire+release of each implementation on the
+// fresh cluster before any is measured: the first second of a new etcd
+// and of this process (heaps growing, the first backend commits) would
+// otherwise fall on whichever implementation runs first.
+func warmEtcd(b *testing.B, endpoints string) {
+	for _, impl := range etcdImpls {
+		c, err := newEtcdClient(endpoints)
+		require.NoError(b, err)
+		l, err := impl.make(c, 1)
+		require.NoError(b, err)
+		for range etcdWarmup {
+			require.NoError(b, l.Do(context.Background(), "warm-"+impl.name, load.Noop))
+		}
+		l.Close()
+		require.NoError(b, c.Close())
+	}
+}
+
+// etcdWarmup is warmEtcd's count per implementation (about a second of
+// each on this host).
+const etcdWarmup = 500
+
+// serverCounters are counters of an etcd member, read from its /metrics.
+type serverCounters struct {
+	cpu       float64 // process_cpu_seconds_total
+	proposals float64 // etcd_server_proposals_committed_total
+}
+
+// etcdMetrics reads the counters of the member at url.
+func etcdMetrics(b *testing.B, url string) serverCounters {
+	resp, err := http.Get(url + "/metrics")
+	require.NoError(b, err)
+	defer resp.Body.Close()
+	var c serverCounters
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, value, ok := strings.Cut(sc.Text(), " ")
+		if !ok {
+			continue
+		}
+		switch name {
+		case "process_cpu_seconds_total":
+			c.cpu, err = strconv.ParseFloat(value, 64)
+		case "etcd_server_proposals_committed_total":
+			c.proposals, err = strconv.ParseFloat(value, 64)
+		}
+		require.NoError(b, err)
+	}
+	require.NoError(b, sc.Err())
+	return c
 }
 
 // etcdEndpoints starts a one-member etcd for t: skipped when etcd is not

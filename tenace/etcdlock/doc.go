@@ -56,7 +56,7 @@
 // Stats counts a caller as waiting from the moment its entry is in etcd
 // until it is granted or gives up, so the conformance suite's FIFO check
 // applies as written. Release synchronizes before the Acquire it unblocks,
-// in any process: the revoke is a Raft write, and the waiter is granted on
+// in any process: the delete is a Raft write, and the waiter is granted on
 // seeing its effect.
 //
 // # Shared locks and permits
@@ -115,36 +115,38 @@
 //
 // Every grant has an etcd lease of its own, with a TTL of one window
 // (WithWindow, DefaultWindow 15s; etcd keeps whole seconds and may raise it
-// to its minimum, 1.5 election timeouts). A goroutine per lease, its
-// keeper, sends a keepalive every renewal interval (a third of the window),
-// from the lease grant on — while the caller waits too. A holder that dies
-// or stops reaching the cluster frees the key when etcd expires the lease:
-// within one window of its last keepalive (measured: a holder process
-// killed with SIGKILL, the next waiter in another process granted 2.3s
-// after the kill with a 2s window, etcd checking expiries every 500ms).
+// to its minimum, 1.5 election timeouts). Each lease's keeper sends a
+// keepalive every renewal interval (a third of the window), from the lease
+// grant on — while the caller waits too; it is a goroutine started when the
+// first keepalive is due, so that a lease released sooner costs none. A
+// holder that dies or stops reaching the cluster frees the key when etcd
+// expires the lease: within one window of its last keepalive (measured: a
+// holder process killed with SIGKILL, the next waiter in another process
+// granted 2.3s after the kill with a 2s window, etcd checking expiries every
+// 500ms).
 //
 // An etcd lease carries one entry at most: that of the grant or the wait
 // that has it, rather than one lease per provider, so that a waiter that
-// gives up, a release that fails or a TTL that passes has a lease of its
-// own to revoke or let lapse, and none leaves an entry behind that an
-// unrelated live lease would keep alive. The lease grant is kept off the
-// critical path: a provider keeps one spare lease, granted ahead of need
-// in the background when it has none, or given back by a clean release —
-// a release deletes the grant's entry (if it is still the one granted,
-// by its create revision), and once etcd says it did, the lease, with
-// nothing attached any more, is the next Acquire's. A spare is used only
-// with at least a renewal interval and 0.5s left before its loss time (its
-// keeper starts with the Acquire that takes it, and sends a keepalive
-// halfway there); otherwise it lapses, unused. A spare that etcd no
-// longer has when the Acquire puts its entry on it (it lapsed while the
-// process was starved of CPU, or was revoked) costs that Acquire a lease
-// grant, never the call: etcd refuses the put, so nothing was written.
-// Leases are never shared: a lost lease, a waiter's that gave up, a
-// release that failed are revoked or left to lapse, never reused. A
-// killed process's leases, spare or not, lapse within the window, so its
-// keys are free within it. An uncontended acquire is then one Raft write
-// (the transaction that queues) and a release one (the delete), as
-// concurrency.Mutex's (bench/README.md).
+// gives up, a release that fails or a TTL that passes has a lease of its own
+// to revoke or let lapse, and none leaves an entry behind that an unrelated
+// live lease would keep alive. The lease grant is kept off the critical
+// path: a provider keeps one spare lease, granted ahead of need in the
+// background when it has none, or given back by a clean release — a release
+// deletes the grant's entry, and once etcd says it did, the lease, with
+// nothing attached any more, is the next Acquire's, if one try each of the
+// queueing transaction and of the delete was sent (see "A member dies": no
+// other try can land later and put an entry on it); else it is revoked. A
+// spare is used only with at least a renewal interval and 0.5s left before
+// its loss time (its keeper sends its first keepalive halfway there);
+// otherwise it lapses, unused. A spare that etcd no longer has when the
+// Acquire puts its entry on it (it lapsed while the process was starved of
+// CPU, or was revoked) costs that Acquire a lease grant, never the call:
+// etcd refuses the put, so nothing was written. Leases are never shared: a
+// lost lease, a waiter's that gave up, a release that failed are revoked or
+// left to lapse, never reused. A killed process's leases, spare or not,
+// lapse within the window, so its keys are free within it. An uncontended
+// acquire is then one Raft write (the transaction that queues) and a release
+// one (the delete), as concurrency.Mutex's (bench/README.md).
 //
 // Leases are tenace.LosableLease: Lost is closed and Err says why (an error
 // wrapping tenace.ErrLeaseLost), and a Lock ends fn's context, when:
@@ -268,13 +270,15 @@
 // twice: a lease granted to a try whose answer is not used has nothing
 // attached and lapses within the window. The queueing transaction puts the
 // caller's entry only if it is not there yet (else reads its create
-// revision), so that a second try of one the first already applied
-// queues nothing twice. A waiter's looks are reads, keepalives and revokes
-// idempotent. A waiter's watch that the member serving it does not confirm
-// within 250ms is cancelled and set up again after a new look, and a
+// revision), so that a second try of one the first already applied queues
+// nothing twice; a late try can still put the entry back after the release,
+// so a lease whose queueing or release took more than one try is revoked at
+// the release, never a spare. A waiter's looks are reads, keepalives and
+// revokes idempotent. A waiter's watch that the member serving it does not
+// confirm within 250ms is cancelled and set up again after a new look, and a
 // waiter looks at its queue every renewal interval even without events, so
-// that a watch on a member that stalls later delays its grant by at most
-// one renewal interval. Such looks, prompted by no change, leave etcd's
+// that a watch on a member that stalls later delays its grant by at most one
+// renewal interval. Such looks, prompted by no change, leave etcd's
 // last word standing: one that the Timeout cuts short unanswered gives
 // (nil, nil), as the watch would have.
 //

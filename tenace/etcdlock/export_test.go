@@ -1,6 +1,8 @@
 package etcdlock
 
 import (
+	"context"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"tenace.dev/tenace"
@@ -19,6 +21,11 @@ func (p *Provider) Dir(key string) string { return p.dir(key) }
 // predecessor and before it watches it, with the revision the watch starts
 // from; call it before p's first Acquire.
 func (p *Provider) SetBeforeWatch(f func(rev int64)) { p.beforeWatch = f }
+
+// SetBeforeTry sets a hook that runs at each try of the queueing ("queue")
+// and of a release's delete ("release"), with the try's context and its
+// number from 1; call it before p's first Acquire.
+func (p *Provider) SetBeforeTry(f func(ctx context.Context, req string, try int32)) { p.beforeTry = f }
 
 // Spare is p's spare etcd lease, 0 when it has none.
 func (p *Provider) Spare() clientv3.LeaseID {

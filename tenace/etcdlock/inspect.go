@@ -226,7 +226,7 @@ func readFailed(ctx context.Context, what string, err error) error {
 	case errors.Is(ctx.Err(), context.Canceled):
 		return fmt.Errorf("etcdlock: %s: %w", what, ctx.Err())
 	case ctx.Err() != nil:
-		return fmt.Errorf("%w: etcdlock: %s: etcd did not answer before the context ended (%v)", tenace.ErrNoReply, what, err)
+		return fmt.Errorf("%w: etcdlock: %s: etcd did not answer before the context ended; retry with a later deadline, and if it persists, check that a quorum of the cluster runs and answers (%v)", tenace.ErrNoReply, what, err)
 	}
 	return fmt.Errorf("etcdlock: %s: %w", what, err)
 }

@@ -29,15 +29,18 @@ const (
 
 // lease is one grant, or one caller's place in the queue before the grant:
 // an etcd lease of its own (the window), the key name under the queue's
-// prefix attached to it, and a keeper goroutine that keeps the etcd lease
-// alive and reports its loss.
+// prefix attached to it, and a keeper that keeps the etcd lease alive and
+// reports its loss: a goroutine, started by a timer when the first
+// keepalive is due (a lease held for less than a renewal interval, the
+// common case, never starts one).
 //
 // Concurrency: the fields above state are set before the lease is shared
-// and never change. state moves once out of stateWaiting and once out of
-// stateHeld, by compare-and-swap: whoever moves it ends the lease, and says
-// what the keeper does when it stops (revokeOnStop, set before kcancel).
-// The keeper alone sends keepalives and, when told, the revoke of a lost
-// or abandoned lease; Release deletes the key on its own, in its caller's
+// and never change, but for rev and reusable, set by its Acquire before
+// it returns the lease. state moves once out of stateWaiting and once out
+// of stateHeld, by compare-and-swap: whoever moves it ends the lease, and
+// stops the keeper (stop), saying whether it revokes the etcd lease. The
+// keeper alone sends keepalives and, when told, the revoke of a lost or
+// abandoned lease; Release deletes the key on its own, in its caller's
 // goroutine.
 type lease struct {
 	tenace.LeaseSignal
@@ -48,11 +51,15 @@ type lease struct {
 	shared bool  // a shared caller's (LockAcquireOptions.Shared)
 	rev    int64 // the etcd key's create revision: the fencing token
 	window time.Duration
+	// reusable: the entry was put by one try of the queueing, answered,
+	// so that no other try can put it again later (see release)
+	reusable bool
 
 	state        atomic.Int32
 	revokeOnStop atomic.Bool
 	kctx         context.Context // ends when the keeper must stop
 	kcancel      context.CancelFunc
+	starter      *time.Timer   // starts the keeper's goroutine (keep)
 	exited       chan struct{} // closed when the keeper has stopped (and revoked, if told)
 	stopCap      atomic.Pointer[func() bool]
 	expiry       atomic.Int64 // the last expiry etcd was told (Unix ns), as the keeper knows it
@@ -66,8 +73,9 @@ var (
 )
 
 // newLease registers the etcd lease id, granted by a request sent at sent
-// with a TTL of ttl, and starts its keeper. It fails when the provider is
-// closed (the etcd lease, with nothing attached yet, lapses on its own).
+// with a TTL of ttl, and sets the timer that starts its keeper when the
+// first keepalive is due. It fails when the provider is closed (the etcd
+// lease, with nothing attached yet, lapses on its own).
 func (p *Provider) newLease(key, name string, shared bool, id clientv3.LeaseID, sent time.Time, ttl time.Duration) (*lease, error) {
 	l := &lease{p: p, key: key, name: name, shared: shared, id: id, window: ttl, exited: make(chan struct{})}
 	l.kctx, l.kcancel = context.WithCancel(context.Background())
@@ -78,9 +86,44 @@ func (p *Provider) newLease(key, name string, shared bool, id clientv3.LeaseID, 
 		return nil, errClosed
 	}
 	p.bg.Add(1) // while not closed: Close's Wait comes after
-	l.expiry.Store(sent.Add(ttl).UnixNano())
-	go l.keep(sent.Add(ttl))
+	expiry := sent.Add(ttl)
+	l.expiry.Store(expiry.UnixNano())
+	l.starter = time.AfterFunc(l.nextRenewal(expiry, margin(ttl)), func() { l.keep(expiry) })
 	return l, nil
+}
+
+// stop tells the keeper to stop, revoking the etcd lease if revoke is set.
+// A keeper not started yet never starts: its duties at the stop (the
+// revoke, on a goroutine of its own, and the close of exited) are done
+// here instead.
+func (l *lease) stop(revoke bool) {
+	if revoke {
+		l.revokeOnStop.Store(true)
+	}
+	l.kcancel()
+	if !l.starter.Stop() {
+		return // keep started (or a stop before this one stopped it): it sees kctx end
+	}
+	if !l.revokeOnStop.Load() {
+		close(l.exited)
+		l.p.bg.Done()
+		return
+	}
+	go func() {
+		defer l.p.bg.Done()
+		defer close(l.exited)
+		l.revokeNow()
+	}()
+}
+
+// revokeNow revokes the etcd lease, bounded by provkit.CleanupTimeout: a
+// lease etcd does not hear of lapses within its window.
+func (l *lease) revokeNow() {
+	ctx, cancel := context.WithTimeout(context.Background(), provkit.CleanupTimeout)
+	defer cancel()
+	_, _, _ = hedge(ctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.LeaseRevokeResponse, error) {
+		return l.p.client.Revoke(ctx, l.id)
+	})
 }
 
 // grant makes l, at the head of its queue, the holder.
@@ -119,18 +162,19 @@ func (p *Provider) forget(l *lease) {
 	}
 }
 
-// keep is the keeper: it sends a keepalive every renewal interval (sooner
-// when less time is left, and retries failures while the expiry is ahead),
-// and reports the loss a margin before the last expiry etcd was told
-// (expiry, measured from before its request was sent), or at once when
-// etcd says the lease is gone. When kctx ends it revokes the etcd lease if
-// told to (revokeOnStop), and returns.
+// keep is the keeper, started when the first keepalive is due: it sends
+// one at once, then one every renewal interval (sooner when less time is
+// left, and retries failures while the expiry is ahead), and reports the
+// loss a margin before the last expiry etcd was told (expiry, measured
+// from before its request was sent), or at once when etcd says the lease
+// is gone. When kctx ends it revokes the etcd lease if told to
+// (revokeOnStop), and returns.
 func (l *lease) keep(expiry time.Time) {
 	p := l.p
 	defer p.bg.Done()
 	defer close(l.exited)
 	m := margin(l.window)
-	renew := time.NewTimer(l.nextRenewal(expiry, m))
+	renew := time.NewTimer(0)
 	defer renew.Stop()
 	loss := time.NewTimer(time.Until(expiry.Add(-m)))
 	defer loss.Stop()
@@ -138,11 +182,7 @@ func (l *lease) keep(expiry time.Time) {
 		select {
 		case <-l.kctx.Done():
 			if l.revokeOnStop.Load() {
-				ctx, cancel := context.WithTimeout(context.Background(), provkit.CleanupTimeout)
-				_, _, _ = hedge(ctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.LeaseRevokeResponse, error) {
-					return p.client.Revoke(ctx, l.id)
-				})
-				cancel()
+				l.revokeNow()
 			}
 			return
 		case <-loss.C:
@@ -199,8 +239,7 @@ func (l *lease) lose(err error) bool {
 		l.p.forget(l)
 	}
 	l.Lose(err)
-	l.revokeOnStop.Store(true)
-	l.kcancel()
+	l.stop(true)
 	return true
 }
 
@@ -210,8 +249,7 @@ func (l *lease) lose(err error) bool {
 // provkit.CleanupTimeout, and the key lapses within one window if it fails.
 func (l *lease) abandon(wait time.Duration) {
 	if l.state.CompareAndSwap(stateWaiting, stateAbandoned) {
-		l.revokeOnStop.Store(true)
-		l.kcancel()
+		l.stop(true)
 	}
 	if wait <= 0 {
 		return
@@ -228,8 +266,9 @@ func (l *lease) abandon(wait time.Duration) {
 // any entry was put on it: its keeper stops, with no revoke and no loss
 // reported (nothing held it).
 func (l *lease) drop() {
-	l.state.CompareAndSwap(stateWaiting, stateAbandoned)
-	l.kcancel()
+	if l.state.CompareAndSwap(stateWaiting, stateAbandoned) {
+		l.stop(false)
+	}
 }
 
 func (l *lease) stopCapTimer() {
@@ -244,7 +283,8 @@ func (l *lease) stopCapTimer() {
 func (l *lease) Token() uint64 { return uint64(l.rev) }
 
 // Release deletes the lease's key (its etcd lease becomes the provider's
-// spare): the next waiter, watching that key, is granted. It returns nil
+// spare, or is revoked: see release): the next waiter, watching that key,
+// is granted. It returns nil
 // when it released the lock. A Release that fails (ctx ended, etcd
 // unreachable) returns the error and can be called again (that one
 // revokes the etcd lease); keepalives have stopped, so the key lapses
@@ -257,7 +297,6 @@ func (l *lease) Release(ctx context.Context) error {
 	if l.state.CompareAndSwap(stateHeld, stateReleased) {
 		l.stopCapTimer()
 		l.p.forget(l)
-		l.kcancel() // the keeper stops, without a revoke: this is it
 		return l.release(ctx)
 	}
 	switch l.state.Load() {
@@ -277,31 +316,47 @@ func (l *lease) Release(ctx context.Context) error {
 	return nil
 }
 
-// release is the first Release's request: it deletes the lease's entry if
-// it is still the one granted (its create revision), and when etcd says it
-// did, the etcd lease, with nothing attached any more, becomes the
-// provider's spare for the next Acquire (see takeSpare). An entry already
-// gone is a loss, as a revoke that finds the lease gone; a delete that
-// fails leaves the next Release to revoke the lease.
+// release is the first Release's request: it deletes the lease's entry,
+// as concurrency.Mutex's Unlock does (one Raft write), then stops the
+// keeper. When etcd says it deleted the entry, and no other try of the
+// queueing or of this delete can land later (one try each, answered:
+// reusable, and tries), the etcd lease, with nothing attached any more,
+// becomes the provider's spare for the next Acquire (see takeSpare);
+// otherwise it is revoked in the background, so that a late try finds
+// nothing to delete or no lease to put an entry on. No one else puts an
+// entry of this name (it is the queue and the lease ID, and the lease is
+// this grant's until then), so the delete removes this grant's entry or
+// nothing. An entry already gone is a loss, as a revoke that finds the
+// lease gone; a delete that fails leaves the next Release to revoke the
+// lease.
 func (l *lease) release(ctx context.Context) error {
+	var limit time.Duration // a ctx without a deadline: provkit.CleanupTimeout
 	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, provkit.CleanupTimeout)
-		defer cancel()
+		limit = provkit.CleanupTimeout
 	}
-	resp, tries, err := hedge(ctx, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.TxnResponse, error) {
-		return l.p.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(l.name), "=", l.rev)).Then(clientv3.OpDelete(l.name)).Commit()
+	var try atomic.Int32
+	resp, tries, err := hedgeWithin(ctx, limit, hedgeAfter, time.Time{}, func(ctx context.Context) (*clientv3.DeleteResponse, error) {
+		if l.p.beforeTry != nil {
+			l.p.beforeTry(ctx, "release", try.Add(1))
+		}
+		return l.p.client.Delete(ctx, l.name)
 	})
 	switch {
 	case err != nil:
 		l.unsure.Store(true)
+		l.stop(false)
 		return fmt.Errorf("etcdlock: releasing %s failed, so the lock may still be held (for at most one window, %v); call Release again: %w", keyfmt.Quote(l.key), l.window, err)
-	case resp.Succeeded:
+	case resp.Deleted > 0 && tries == 1 && l.reusable:
+		l.stop(false)
 		l.p.putSpare(l.id, time.Unix(0, l.expiry.Load()), l.window)
 		return nil
-	case tries > 1:
-		return nil // another try deleted it; the lease lapses on its own
+	case resp.Deleted > 0 || tries > 1:
+		// (With more than one try, nothing deleted may be another
+		// try's doing.)
+		l.stop(true)
+		return nil
 	default:
+		l.stop(true)
 		l.reported.Store(true)
 		l.Lose(fmt.Errorf("%w: etcdlock: etcd no longer had the lock on %s when it was released (its etcd lease expired or was revoked)", tenace.ErrLeaseLost, keyfmt.Quote(l.key)))
 		return fmt.Errorf("etcdlock: Release of %s: %w", keyfmt.Quote(l.key), l.Err())

@@ -1,6 +1,7 @@
 package etcdlock_test
 
 import (
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -9,12 +10,18 @@ import (
 
 	"tenace.dev/internal/etcdtest"
 	"tenace.dev/tenace"
+	"tenace.dev/tenace/etcdlock"
 )
 
 // afterDeath is how long past the cluster's recovery (a new leader elected
 // after the leader's death; at once after a follower's) an Acquire started
 // at the death must be granted.
 const afterDeath = time.Second
+
+// holderWindow is the window of TestAMemberDies' holder and waiter: their
+// leases outlast an election on a loaded machine (1.3s seen under CPU
+// load; testWindow's lease may reach its loss time 0.83s after the death).
+const holderWindow = 6 * time.Second
 
 // TestAMemberDies: on a three-member cluster, with a client on every
 // member, one member dies — the leader killed (SIGKILL), a follower
@@ -23,10 +30,11 @@ const afterDeath = time.Second
 // afterDeath of the cluster's recovery (the new leader seen; for a
 // follower, the death itself), beyond a bare timer's lateness armed at the
 // recovery; a holder's lease taken before stays held (its keepalives move
-// to the live members), and its waiter, queued before the death, is
-// granted once it releases. The paused member is a follower: a leader
-// paused past a lease's TTL revokes live leases when it runs again (etcd
-// issue 15247; see the package doc).
+// to the live members) whenever the cluster recovered in time for a
+// keepalive to land before the lease's loss time, and its waiter, queued
+// before the death, is granted once it releases. The paused member is a
+// follower: a leader paused past a lease's TTL revokes live leases when it
+// runs again (etcd issue 15247; see the package doc).
 func TestAMemberDies(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -39,8 +47,8 @@ func TestAMemberDies(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := etcdtest.StartN(t, 3)
-			p := newProvider(t, newClient(t, c.Endpoints()...))
-			waiterP := newProvider(t, newClient(t, c.Endpoints()...))
+			p := newProvider(t, newClient(t, c.Endpoints()...), etcdlock.WithWindow(holderWindow))
+			waiterP := newProvider(t, newClient(t, c.Endpoints()...), etcdlock.WithWindow(holderWindow))
 			leader := c.Leader()
 			victim := leader
 			if !tc.leader {
@@ -87,26 +95,54 @@ func TestAMemberDies(t *testing.T) {
 			require.NoError(t, res.lease.Release(bg))
 
 			if tc.name == "pause-a-follower" {
-				// Past the window: the holder's keepalives must have gone
+				// Past the holder's window: its keepalives must have gone
 				// through the live members.
-				time.Sleep(2 * testWindow) // the window passing is the point
+				time.Sleep(holderWindow + testWindow) // the window passing is the point
 			}
-			require.False(t, isClosed(held.(tenace.LosableLease).Lost()), "the holder lost its lease: %v", held.(tenace.LosableLease).Err())
+			// The holder's last keepalive before the death may be a
+			// renewal interval old: its loss time may come as soon as its
+			// window, less the margin and that interval, after the death.
+			// A keepalive lands within afterDeath of the recovery, beyond
+			// a bare timer's lateness: the lease is kept when that comes
+			// first.
+			lossBy := holderWindow - min(holderWindow/4, etcdlock.MaxMargin) - holderWindow/3
+			inTime := recovered.Sub(died)+afterDeath+2*lateness < lossBy
+			kept := !isClosed(held.(tenace.LosableLease).Lost())
+			if inTime {
+				require.True(t, kept, "the holder lost its lease: %v", held.(tenace.LosableLease).Err())
+			} else {
+				t.Logf("the cluster recovered %v after the death: a keepalive may come past the holder's loss time, %v after it at the soonest (kept: %v)", recovered.Sub(died).Round(time.Millisecond), lossBy, kept)
+			}
 			released := time.Now()
-			require.NoError(t, held.Release(bg))
+			if err := held.Release(bg); kept {
+				require.NoError(t, err)
+			} else {
+				require.ErrorIs(t, err, tenace.ErrLeaseLost)
+			}
 			// A waiter whose watch a stalled member serves looks again
-			// within a renewal interval (a third of the window).
-			late = timerLateness(testWindow/3 + afterDeath)
+			// within a renewal interval (a third of the window). Its lease
+			// is kept as the holder's is.
+			late = timerLateness(holderWindow/3 + afterDeath)
 			w := waitFor(t, waiter, 10*time.Second, "the waiter queued before the death")
 			lateness = late()
+			if !inTime && errors.Is(w.err, tenace.ErrLeaseLost) {
+				t.Logf("the waiter lost its lease: %v", w.err)
+				return
+			}
 			require.NoError(t, w.err)
 			require.NotNil(t, w.lease)
 			t.Logf("waiter granted %v after the release; a bare timer ran %v late", w.at.Sub(released).Round(time.Millisecond), lateness.Round(time.Millisecond))
-			require.Less(t, w.at.Sub(released), testWindow/3+afterDeath+2*lateness, "the waiter was granted past a renewal interval + %v after the release", afterDeath)
+			require.Less(t, w.at.Sub(released), holderWindow/3+afterDeath+2*lateness, "the waiter was granted past a renewal interval + %v after the release", afterDeath)
 			require.NoError(t, w.lease.Release(bg))
 		})
 	}
 }
+
+// timeoutBound is how far past its Timeout an Acquire may return (the
+// package doc: the Timeout is a bound), beyond a bare timer's lateness
+// (timerLateness) armed beside it for the Timeout: what the provider adds,
+// not what a loaded machine adds to every wait.
+const timeoutBound = 50 * time.Millisecond
 
 // timerLateness arms a bare timer of d and returns a function that waits
 // for it and says how late its callback ran: the machine's own lateness

@@ -39,8 +39,9 @@ const (
 // create it with New and Close it when done. It does not own the client:
 // close the client after the provider.
 //
-// Goroutines: one per held lease and per waiting caller past its first
-// request (its keepalive), and the client's own (gRPC, watches).
+// Goroutines: one per lease, held or waited for, from its first keepalive
+// on (its keeper, started a renewal interval or less after the grant),
+// and the client's own (gRPC, watches).
 type Provider struct {
 	client   *clientv3.Client
 	prefix   string
@@ -72,6 +73,10 @@ type Provider struct {
 	refilling bool      // a grant of the next spare is in flight
 
 	beforeWatch func(rev int64) // a test hook (see SetBeforeWatch); nil otherwise
+	// beforeTry, a test hook (see SetBeforeTry), runs at each try of the
+	// queueing ("queue") and of a release's delete ("release"), with the
+	// try's context and its number from 1; nil otherwise
+	beforeTry func(ctx context.Context, req string, try int32)
 }
 
 var (
@@ -151,7 +156,7 @@ func margin(window time.Duration) time.Duration { return min(window/4, MaxMargin
 // ErrUnreachable is wrapped by the error Acquire returns at once when the
 // client's connection to the cluster is in TRANSIENT_FAILURE: no member
 // could be reached at its last try.
-var ErrUnreachable = errors.New("etcdlock: no etcd member can be reached (the client's connection is in TRANSIENT_FAILURE); check the endpoints and that the cluster runs")
+var ErrUnreachable = errors.New("etcdlock: no etcd member can be reached; check the client's endpoints and that the cluster runs")
 
 // errClosed is what Acquire returns on a closed provider.
 var errClosed = fmt.Errorf("%w (etcdlock.Provider.Close was called)", tenace.ErrProviderClosed)
@@ -196,10 +201,16 @@ func (p *Provider) Acquire(ctx context.Context, key string, opts tenace.LockAcqu
 	if p.closed.Err() != nil {
 		return nil, errClosed
 	}
-	actx, cancel := tenace.AcquireContext(ctx, opts)
-	defer cancel()
-	base := actx
-	if !clock.IsSystem(opts.Clock) {
+	// The wait context, wctx, ends with ctx, the Timeout (if any) and
+	// Close.
+	base, actx := ctx, ctx
+	if opts.Timeout > 0 {
+		var cancel context.CancelFunc
+		actx, cancel = tenace.AcquireContext(ctx, opts)
+		defer cancel()
+		base = actx
+	}
+	if opts.Timeout > 0 && !clock.IsSystem(opts.Clock) {
 		// actx's deadline is on opts.Clock, and gRPC would take it for a
 		// real one (with a clock behind real time every call would time
 		// out at once): the calls get ctx's deadline, and end with actx.
@@ -569,7 +580,11 @@ func (a *attempt) queueUp() reply {
 	a.sent, a.replied = time.Now(), false
 	view := a.viewOps(a.dir, 0, false)
 	value := p.ownerValue(entryValue(a.opts), a.opts.Owner)
-	resp, _, err := hedge(a.first, hedgeAfter, a.until, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+	var try atomic.Int32
+	resp, tries, err := hedge(a.first, hedgeAfter, a.until, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		if p.beforeTry != nil {
+			p.beforeTry(ctx, "queue", try.Add(1))
+		}
 		return p.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.l.name), "=", 0)).
 			Then(append([]clientv3.Op{clientv3.OpPut(a.l.name, value, clientv3.WithLease(a.g.ID))}, view...)...).
 			Else(append([]clientv3.Op{clientv3.OpGet(a.l.name, clientv3.WithKeysOnly())}, view...)...).Commit()
@@ -579,6 +594,7 @@ func (a *attempt) queueUp() reply {
 	}
 	a.replied = true
 	a.l.rev = resp.Header.Revision // the put's create revision: the only write of the Txn
+	a.l.reusable = tries == 1 && resp.Succeeded
 	if !resp.Succeeded {
 		kvs := resp.Responses[0].GetResponseRange().Kvs
 		if len(kvs) == 0 {
@@ -688,13 +704,13 @@ func (a *attempt) failed(err error) (tenace.LockLease, error) {
 	}
 	if tenace.TimedOut(a.ctx, a.wctx) {
 		if !a.held && clock.IsSystem(a.opts.Clock) && !a.peekedHeld() {
-			return nil, fmt.Errorf("%w: etcdlock: etcd did not say whether %s is held within the call's %v Timeout and %v more for a reply in flight (%v)",
+			return nil, fmt.Errorf("%w: etcdlock: etcd did not say whether %s is held within the call's %v Timeout and %v more for a reply in flight; retry later, and if it persists, check that a quorum of the cluster runs and answers (%v)",
 				tenace.ErrNoReply, keyfmt.Quote(a.key), a.opts.Timeout, noreply.LateReply, err)
 		}
 		if a.replied || noreply.Unanswered(a.wctx, a.sent) < noreply.Grace {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("%w: etcdlock: a request for %s went unanswered for %v, until the call's %v Timeout (%v)",
+		return nil, fmt.Errorf("%w: etcdlock: a request for %s went unanswered for %v, until the call's %v Timeout; retry later, and if it persists, check that a quorum of the cluster runs and answers (%v)",
 			tenace.ErrNoReply, keyfmt.Quote(a.key), noreply.Unanswered(a.wctx, a.sent).Round(time.Millisecond), a.opts.Timeout, err)
 	}
 	return nil, err

@@ -65,69 +65,161 @@ func transient(err error) bool {
 // leader says so at once instead of holding the request); hedge waits for
 // the tries it started. It returns the first success or other error
 // than a transient one; else the last transient error, or ctx's, or
-// errUnanswered past until. tries is how many
-// were started: more than one, and an answer that the request found
-// nothing to do (a lease already revoked) may be another try's doing.
+// errUnanswered past until. tries is how many were started: more than
+// one, and an answer that the request found nothing to do (a key already
+// deleted, a lease already revoked) may be another try's doing, and a try
+// whose answer was not used may still be applied later.
+//
+// The first try runs on the caller's goroutine, and one answered within
+// every (the common case) costs no goroutine and no channel: a timer hands
+// the wait to a goroutine of its own, which starts the hedged tries, only
+// when every passes first.
 func hedge[T any](ctx context.Context, every time.Duration, until time.Time, f func(context.Context) (T, error)) (resp T, tries int, err error) {
-	hctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
-	type answer struct {
-		resp T
-		err  error
+	return hedgeWithin(ctx, 0, every, until, f)
+}
+
+// hedgeWithin is hedge bounded by limit, when it is not zero (and past
+// every): the tries still unanswered at limit are cut short, and it
+// returns the last transient error or context.DeadlineExceeded. The bound
+// is hedge's own, not a deadline of ctx, so that gRPC sends the tries
+// without one (no timer per request on either side).
+func hedgeWithin[T any](ctx context.Context, limit, every time.Duration, until time.Time, f func(context.Context) (T, error)) (resp T, tries int, err error) {
+	h := &hedging[T]{ctx: ctx, every: every, until: until, f: f, tries: 1}
+	if limit > 0 {
+		h.limit = time.Now().Add(limit)
 	}
-	answers := make(chan answer, 1)
-	inFlight := 0
-	start := func() {
-		tries++
-		inFlight++
-		wg.Go(func() {
-			r, err := f(hctx)
-			select {
-			case answers <- answer{r, err}:
-			case <-hctx.Done():
-			}
-		})
+	defer h.wg.Wait() // after the cancel, which ends the tries
+	h.hctx, h.cancel = context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer h.cancel()
+	t := time.AfterFunc(every, h.takeOver)
+	resp, err = f(h.hctx)
+	h.mu.Lock()
+	if h.answers == nil {
+		h.finished = true // the timer, if it fires now, does nothing
+		h.mu.Unlock()
+		t.Stop()
+		if err == nil || !transient(err) || ctx.Err() != nil {
+			return resp, 1, err
+		}
+		h.answers = make(chan answer[T], 1)
+		resp, err = h.loop(0, err, retryPause)
+		return resp, h.tries, err
 	}
-	start()
-	next := time.NewTimer(every)
+	h.mu.Unlock()
+	// The timer's goroutine waits for the answers, this one's among them.
+	select {
+	case h.answers <- answer[T]{resp, err}:
+	case <-h.hctx.Done():
+	}
+	<-h.done
+	return h.resp, h.tries, h.err
+}
+
+// hedging is the state of one call of hedge past its first try.
+type hedging[T any] struct {
+	ctx, hctx context.Context // the caller's; the tries'
+	cancel    context.CancelFunc
+	every     time.Duration
+	until     time.Time
+	limit     time.Time // zero: none (see hedgeWithin)
+	f         func(context.Context) (T, error)
+	wg        sync.WaitGroup // the tries started on goroutines of their own
+	tries     int
+
+	mu       sync.Mutex
+	finished bool           // the first try returned before the timer fired
+	answers  chan answer[T] // set once hedging goes past the first try
+	done     chan struct{}  // closed when takeOver has the outcome in resp, err
+	resp     T
+	err      error
+}
+
+type answer[T any] struct {
+	resp T
+	err  error
+}
+
+// takeOver runs when every passes before the first try's answer: it sends
+// the second try at once and waits, from then on, for the first answer of
+// any try (the first's is sent to it by hedge), as loop says.
+func (h *hedging[T]) takeOver() {
+	h.mu.Lock()
+	if h.finished {
+		h.mu.Unlock()
+		return
+	}
+	h.answers, h.done = make(chan answer[T], 1), make(chan struct{})
+	h.mu.Unlock()
+	h.resp, h.err = h.loop(1, nil, 0)
+	h.cancel() // the tries still in flight, the first among them, end
+	close(h.done)
+}
+
+// loop waits for the answer hedge returns, with inFlight tries started and
+// unanswered, last the last transient error, and the next try due after
+// wait.
+func (h *hedging[T]) loop(inFlight int, last error, wait time.Duration) (T, error) {
+	var zero T
+	next := time.NewTimer(wait)
 	defer next.Stop()
-	var last error
+	var limit <-chan time.Time
+	if !h.limit.IsZero() {
+		t := time.NewTimer(time.Until(h.limit))
+		defer t.Stop()
+		limit = t.C
+	}
 	for {
 		select {
-		case a := <-answers:
+		case <-limit:
+			if last == nil {
+				last = context.DeadlineExceeded
+			}
+			return zero, last
+		case a := <-h.answers:
 			inFlight--
-			if a.err == nil || !transient(a.err) || ctx.Err() != nil {
-				return a.resp, tries, a.err
+			if a.err == nil || !transient(a.err) || h.ctx.Err() != nil {
+				return a.resp, a.err
 			}
 			last = a.err
 			if inFlight == 0 {
 				next.Reset(retryPause)
 			}
 		case <-next.C:
-			if !until.IsZero() && !time.Now().Before(until) {
+			if !h.until.IsZero() && !time.Now().Before(h.until) {
 				if last == nil {
 					last = errUnanswered
 				}
-				return resp, tries, last
+				return zero, last
 			}
-			start()
-			next.Reset(every)
-		case <-ctx.Done():
+			h.start()
+			inFlight++
+			next.Reset(h.every)
+		case <-h.ctx.Done():
 			select {
-			case a := <-answers: // an answer that came with the end
+			case a := <-h.answers: // an answer that came with the end
 				if a.err == nil || !transient(a.err) {
-					return a.resp, tries, a.err
+					return a.resp, a.err
 				}
 			default:
 			}
 			if last == nil {
-				last = ctx.Err()
+				last = h.ctx.Err()
 			}
-			return resp, tries, last
+			return zero, last
 		}
 	}
+}
+
+// start sends one more try, on a goroutine of its own.
+func (h *hedging[T]) start() {
+	h.tries++
+	h.wg.Go(func() {
+		r, err := h.f(h.hctx)
+		select {
+		case h.answers <- answer[T]{r, err}:
+		case <-h.hctx.Done():
+		}
+	})
 }
 
 // errUnanswered is the error of a request that no member answered before

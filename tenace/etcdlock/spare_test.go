@@ -1,6 +1,8 @@
 package etcdlock_test
 
 import (
+	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -84,5 +86,51 @@ func TestASpareGoneIsReplaced(t *testing.T) {
 		require.Len(t, resp.Keys, 1)
 		require.Equal(t, etcdlock.EtcdKey(l), string(resp.Keys[0]))
 		require.NoError(t, l.Release(bg))
+	}
+}
+
+// TestALeaseWithALateTryIsNeverASpare: a grant whose queueing or release
+// took more than one try (the first unanswered past hedgeAfter, as a
+// member that does not answer leaves it) may have that try land later —
+// its entry put back on the lease after the release, or a later grant's
+// entry of the same name deleted — so its lease is revoked at the
+// release, never the next Acquire's.
+func TestALeaseWithALateTryIsNeverASpare(t *testing.T) {
+	c := cluster(t)
+	admin := newClient(t, c.Endpoints()...)
+	for _, req := range []string{"queue", "release"} {
+		t.Run(req, func(t *testing.T) {
+			// A 6s window: a spare stays fit for 2.5s (see the test
+			// above), time enough on a loaded machine.
+			p := newProvider(t, newClient(t, c.Endpoints()...), etcdlock.WithWindow(6*time.Second))
+			var stall atomic.Bool
+			p.SetBeforeTry(func(ctx context.Context, r string, try int32) {
+				if r == req && try == 1 && stall.Load() {
+					<-ctx.Done() // unanswered, until another try's answer ends it
+				}
+			})
+			key := keyOf(t, "k")
+			// The first Acquire grants a lease and a spare beside it; the
+			// second takes the spare, and its release gives it back.
+			var warm tenace.LockLease
+			for range 2 {
+				warm = mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+				require.NoError(t, warm.Release(bg))
+			}
+			require.Equal(t, etcdlock.LeaseID(warm), p.Spare(), "a clean release gives its lease back")
+
+			stall.Store(true)
+			l := mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+			require.NoError(t, l.Release(bg))
+			stall.Store(false)
+			require.NotEqual(t, etcdlock.LeaseID(l), p.Spare(), "a lease with a try that may land later is the spare")
+			eventually(t, 10*time.Second, "the lease revoked", func() bool {
+				resp, err := admin.TimeToLive(bg, etcdlock.LeaseID(l))
+				return err == nil && resp.TTL == -1
+			})
+			next := mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+			require.NotEqual(t, etcdlock.LeaseID(l), etcdlock.LeaseID(next))
+			require.NoError(t, next.Release(bg))
+		})
 	}
 }

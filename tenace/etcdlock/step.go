@@ -79,25 +79,25 @@ type decision struct {
 
 // step decides what follows the reply r in call c.
 func step(c call, r reply) decision {
-	q := keyfmt.Quote(c.key)
 	switch r.req {
 	case reqGrant:
-		return stepGrant(q, r)
+		return stepGrant(c.key, r)
 	case reqQueue:
-		return stepQueue(c, q, r)
+		return stepQueue(c, r)
 	case reqLook:
-		return stepLook(q, r)
+		return stepLook(c.key, r)
 	case reqWatch:
-		return stepWatch(q, r)
+		return stepWatch(c.key, r)
 	}
 	panic(fmt.Sprintf("tenace: etcdlock: step: unknown request %d", r.req))
 }
 
-// stepGrant follows the lease grant; q is the key, quoted.
-func stepGrant(q string, r reply) decision {
+// stepGrant follows the lease grant; key is the caller's (quoted only in an error: the uncontended path
+// makes none).
+func stepGrant(key string, r reply) decision {
 	switch {
 	case r.err != nil:
-		return decision{next: outFailed, err: fmt.Errorf("etcdlock: granting an etcd lease for %s: %w", q, r.err)}
+		return decision{next: outFailed, err: fmt.Errorf("etcdlock: granting an etcd lease for %s: %w", keyfmt.Quote(key), r.err)}
 	case r.ended:
 		// The grant came after the Timeout (or ctx ended): too late
 		// to queue. The lease, with nothing attached, lapses.
@@ -107,7 +107,8 @@ func stepGrant(q string, r reply) decision {
 }
 
 // stepQueue follows the queueing transaction.
-func stepQueue(c call, q string, r reply) decision {
+func stepQueue(c call, r reply) decision {
+	key := c.key
 	switch {
 	case r.spareGone && !r.ended:
 		// A spare lease can lapse before its first keepalive (this
@@ -116,9 +117,9 @@ func stepQueue(c call, q string, r reply) decision {
 		// puts it there.
 		return decision{next: doRegrant}
 	case r.err != nil:
-		return decision{next: outFailed, err: fmt.Errorf("etcdlock: queueing for %s: %w", q, r.err)}
+		return decision{next: outFailed, err: fmt.Errorf("etcdlock: queueing for %s: %w", keyfmt.Quote(key), r.err)}
 	case r.gone:
-		return decision{next: outFailed, err: fmt.Errorf("etcdlock: queueing for %s: the caller's entry vanished (its etcd lease expired or was revoked)", q)}
+		return decision{next: outFailed, err: fmt.Errorf("etcdlock: queueing for %s: the caller's entry vanished (its etcd lease expired or was revoked)", keyfmt.Quote(key))}
 	case r.admitted && r.ended && !r.timedOut:
 		// A ctx that ended as the grant landed wins: the caller
 		// gave up (see the package doc).
@@ -135,19 +136,19 @@ func stepQueue(c call, q string, r reply) decision {
 }
 
 // stepLook follows a waiter's look at its queue.
-func stepLook(q string, r reply) decision {
+func stepLook(key string, r reply) decision {
 	switch {
 	case r.err != nil && r.ended:
-		return decision{next: outFailed, err: fmt.Errorf("etcdlock: waiting for %s: %w", q, r.err)}
+		return decision{next: outFailed, err: fmt.Errorf("etcdlock: waiting for %s: %w", keyfmt.Quote(key), r.err)}
 	case r.err != nil && r.lost:
-		return decision{next: outFailed, err: fmt.Errorf("etcdlock: waiting for %s: %w", q, r.lostErr)}
+		return decision{next: outFailed, err: fmt.Errorf("etcdlock: waiting for %s: %w", keyfmt.Quote(key), r.lostErr)}
 	case r.err != nil:
 		// The read is read-only, and the caller's place is kept by
 		// its lease: a waiter rides through a leader change or a
 		// restart of the cluster as long as its lease lives.
 		return decision{next: doPause}
 	case r.gone:
-		return decision{next: outFailed, err: fmt.Errorf("etcdlock: waiting for %s: the caller's place in the queue vanished (its etcd lease expired or was revoked)", q)}
+		return decision{next: outFailed, err: fmt.Errorf("etcdlock: waiting for %s: the caller's place in the queue vanished (its etcd lease expired or was revoked)", keyfmt.Quote(key))}
 	case r.admitted && r.ended:
 		// A ctx that ended as the grant landed wins, and so does
 		// the Timeout: the caller gave up (see the package doc).
@@ -159,10 +160,10 @@ func stepLook(q string, r reply) decision {
 }
 
 // stepWatch follows a waiter's watch.
-func stepWatch(q string, r reply) decision {
+func stepWatch(key string, r reply) decision {
 	switch {
 	case r.lost:
-		return decision{next: outFailed, err: fmt.Errorf("etcdlock: waiting for %s: %w", q, r.lostErr)}
+		return decision{next: outFailed, err: fmt.Errorf("etcdlock: waiting for %s: %w", keyfmt.Quote(key), r.lostErr)}
 	case r.ended:
 		return decision{next: outFailed, err: errEnded}
 	}
