@@ -45,21 +45,25 @@ func control(d time.Duration) (late func() time.Duration) {
 }
 
 // serverControl is control for a verdict of the server: a statement on a
-// connection of its own that sleeps on the server until the moment a
-// Timeout of d, started now, has its "held" due (d less its lead), then
-// answers. late waits for the answer and says how much later than due it
-// came: the delay that the machine added at that moment to a reply of the
-// server — its backend's wake-up, the loopback, this process's reading —
-// which no provider can avoid.
+// connection of its own, dialled now as the call beside it may have to
+// dial, that sleeps on the server until the moment a Timeout of d, started
+// now, has its "held" due (d less its lead), then answers. late waits for
+// the answer and says how much later than due it came: the delay that the
+// machine added at that moment to a reply of the server — a new backend's
+// start, its wake-up, the loopback, this process's reading — which no
+// provider can avoid.
 func serverControl(t *testing.T, srv *pgtest.Server, d time.Duration) (late func() time.Duration) {
-	conn, err := pgx.Connect(bg, srv.ConnString())
-	require.NoError(t, err)
 	due := d - min(d/3, pglock.VerdictLead)
 	r := make(chan time.Duration, 1) // the goroutine never blocks on it
 	start := time.Now()
 	go func() {
+		conn, err := pgx.Connect(bg, srv.ConnString())
+		if err != nil {
+			r <- -1
+			return
+		}
 		defer conn.Close(bg)
-		_, err := conn.Exec(bg, `SELECT pg_sleep($1::float8)`, due.Seconds())
+		_, err = conn.Exec(bg, `SELECT pg_sleep(greatest($1::float8 - extract(epoch FROM clock_timestamp() - $2::timestamptz), 0))`, due.Seconds(), start)
 		if err != nil {
 			r <- -1
 			return
