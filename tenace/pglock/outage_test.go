@@ -53,6 +53,14 @@ func control(d time.Duration) (late func() time.Duration) {
 // start, its wake-up, the loopback, this process's reading — which no
 // provider can avoid.
 func serverControl(t *testing.T, srv *pgtest.Server, d time.Duration) (late func() time.Duration) {
+	return serverControlTrips(t, srv, d, 1)
+}
+
+// serverControlTrips is serverControl for a verdict that comes trips round
+// trips after the server's "held": a set's or a bulkhead waiter's, given
+// once the keys it locked so far are unlocked (one more round trip). The
+// control makes as many, the later ones at once after the first.
+func serverControlTrips(t *testing.T, srv *pgtest.Server, d time.Duration, trips int) (late func() time.Duration) {
 	due := d - min(d/3, pglock.VerdictLead)
 	r := make(chan time.Duration, 1) // the goroutine never blocks on it
 	start := time.Now()
@@ -64,6 +72,11 @@ func serverControl(t *testing.T, srv *pgtest.Server, d time.Duration) (late func
 		}
 		defer conn.Close(bg)
 		_, err = conn.Exec(bg, `SELECT pg_sleep(greatest($1::float8 - extract(epoch FROM clock_timestamp() - $2::timestamptz), 0))`, due.Seconds(), start)
+		for range trips - 1 {
+			if err == nil {
+				_, err = conn.Exec(bg, `SELECT 1`)
+			}
+		}
 		if err != nil {
 			r <- -1
 			return

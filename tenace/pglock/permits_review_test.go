@@ -93,12 +93,12 @@ func TestABulkheadCallerBehindAWriterIsContentionAtItsTimeout(t *testing.T) {
 	first := bulkhead(2)
 	first.Timeout = 3 * time.Second // long enough for waitForWaiters to see it wait on a loaded machine
 	p1, p2 := newProvider(t, srv), newProvider(t, srv)
-	late1 := serverControl(t, srv, first.Timeout)
-	r1 := acquireAsync(bg, p1, key, first) // holds the gate, waits for the writer
+	late1 := serverControlTrips(t, srv, first.Timeout, 2) // a waiter's verdict comes after its clean-up's round trip
+	r1 := acquireAsync(bg, p1, key, first)                // holds the gate, waits for the writer
 	waitForWaiters(t, srv, key, 1)
 	second := bulkhead(2)
 	second.Timeout = 2 * first.Timeout
-	late2 := serverControl(t, srv, second.Timeout)
+	late2 := serverControlTrips(t, srv, second.Timeout, 2)
 	start := time.Now()
 	l, err := p2.Acquire(bg, key, second) // waits for the gate, then the writer
 	took := time.Since(start)

@@ -106,7 +106,7 @@ func TestSetAllOrNothing(t *testing.T) {
 	named := []string{keys[2], keys[1], keys[0]}
 	for _, opts := range []tenace.LockAcquireOptions{{Timeout: tenace.NoWait}, {Timeout: 300 * time.Millisecond}} {
 		start := time.Now()
-		late := serverControl(t, srv, opts.Timeout)
+		late := serverControlTrips(t, srv, opts.Timeout, 2) // the verdict comes after the unlock of the keys got
 		s, err := tenace.AcquireAll(bg, p, named, opts)
 		d := time.Since(start)
 		if noReplyOfALoadedMachine(t, err, late) {
