@@ -155,15 +155,25 @@ func step(a attempt, r reply) decision {
 
 // stepLock decides what follows the acquire statement.
 func stepLock(a attempt, r reply) decision {
+	if d, ended := stepLockEnded(a, r); ended {
+		return d
+	}
+	return stepLockAnswered(a, r)
+}
+
+// stepLockEnded decides what follows an acquire statement that failed, was
+// cut short, or ended in the server's verdict (lock_timeout, a deadlock);
+// ended is false for one that answered (see stepLockAnswered).
+func stepLockEnded(a attempt, r reply) (d decision, ended bool) {
 	switch {
 	case r.cut && a.mode == modePermit && !a.noWait && r.settled && !r.dead && answered(r.err):
 		// A bulkhead waiter's statement cut short (waiting for the gate,
 		// or behind a writer), which the server answered, and whose cancel
 		// requests it answered too: whatever the session holds (the gate,
 		// a slot, a grant that landed) is given back, and the session kept.
-		return decision{next: outCutShort, keep: true}
+		return decision{next: outCutShort, keep: true}, true
 	case isLockTimeout(r.err):
-		return stepLockTimeout(a, r)
+		return stepLockTimeout(a, r), true
 	case isDeadlock(r.err) && !r.cut && (a.got > 0 || a.holding):
 		// The server's deadlock detector failed this wait to break a
 		// cycle of sessions: a set's session holds its keys so far and
@@ -174,7 +184,7 @@ func stepLock(a attempt, r reply) decision {
 		// that the other sessions of the cycle go on; a nested call's
 		// keeps its leases' locks, and its execution gives them back as
 		// its Lock steps return the error.
-		return decision{next: outDeadlock}
+		return decision{next: outDeadlock}, true
 	case r.err != nil:
 		// Unknown outcome: the statement may have taken the lock before
 		// it failed or was cancelled. Release whatever the session holds,
@@ -183,14 +193,22 @@ func stepLock(a attempt, r reply) decision {
 		// while waiting) held nothing that lives on: the call tries once
 		// more on a live one, unless it had something to lose there.
 		if a.mayReconnect(r) {
-			return decision{next: doReconnect}
+			return decision{next: doReconnect}, true
 		}
-		return decision{next: outFailed, unlock: true, err: a.failure(r.err), answered: answered(r.err)}
+		return decision{next: outFailed, unlock: true, err: a.failure(r.err), answered: answered(r.err)}, true
 	case r.cut:
 		// The statement succeeded, but its context ended while it ran:
 		// cancel requests may be on their way to this session. Whatever it
 		// found, the call gave up.
-		return decision{next: outCutShort, unlock: r.locked || a.got > 0 || a.mode == modePermit}
+		return decision{next: outCutShort, unlock: r.locked || a.got > 0 || a.mode == modePermit}, true
+	}
+	return decision{}, false
+}
+
+// stepLockAnswered decides what follows an acquire statement the server
+// answered: granted, refused, or a step of a longer wait.
+func stepLockAnswered(a attempt, r reply) decision {
+	switch {
 	case !r.hasID && !a.registered:
 		return decision{next: doRegister}
 	case !r.hasID:
