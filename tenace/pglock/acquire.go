@@ -469,7 +469,9 @@ func (c *call) lockStatement(conn *pgxpool.Conn, key string) (r reply, id int32,
 	var pid *int32
 	var fence *int64
 	var locked bool
-	err := conn.QueryRow(c.wctx, sql, args...).Scan(&pid, &locked, &fence, &c.heldBy)
+	ctx, stop := detach(conn, c.wctx)
+	err := conn.QueryRow(ctx, sql, args...).Scan(&pid, &locked, &fence, &c.heldBy)
+	stop()
 	if h := c.p.hooks; h != nil && h.statementDone != nil {
 		h.statementDone(conn.Conn().PgConn().PID(), err == nil && locked)
 	}

@@ -57,15 +57,22 @@ func newSession(p *Provider, conn *pgxpool.Conn) *session {
 	return s
 }
 
-// take waits until nobody else uses s, within ctx, and takes it, the
-// watcher stopped. It reports false, having taken nothing, when s ended
-// (its leases were lost with it) or ctx ended first. A connection that
-// ended while the watcher ran is found by the taker (watchErr).
-func (s *session) take(ctx context.Context) bool {
+// take waits until nobody else uses s, within ctx and bound (when not
+// zero), and takes it, the watcher stopped. It reports false, having taken
+// nothing, when s ended (its leases were lost with it) or ctx ended or
+// bound passed first. A connection that ended while the watcher ran is
+// found by the taker (watchErr).
+func (s *session) take(ctx context.Context, bound time.Time) bool {
 	s.mu.Lock()
 	for s.busy && !s.ended {
 		free := s.free
 		s.mu.Unlock()
+		if !bound.IsZero() {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, bound)
+			defer cancel()
+			bound = time.Time{}
+		}
 		select {
 		case <-free:
 		case <-ctx.Done():
@@ -259,14 +266,20 @@ func (s *session) watch(done chan struct{}) {
 	}
 }
 
-// unlockOn runs l's unlock on s, taken: it returns whether the session
-// held what l holds. A cancel request meant for an earlier statement of a
-// tainted session can reach it only now and cancel the unlock (SQLSTATE
-// 57014) while ctx runs: the unlock is tried again then, a few times (see
-// unlockAll).
-func (s *session) unlockOn(ctx context.Context, l *lease) (unlocked bool, err error) {
+// unlockOn runs l's unlock on s, taken, within ctx and bound (when not
+// zero: the socket's deadline, which put clears): it returns whether the
+// session held what l holds. A cancel request meant for an earlier
+// statement of a tainted session can reach it only now and cancel the
+// unlock (SQLSTATE 57014) while ctx runs: the unlock is tried again then,
+// a few times (see unlockAll).
+func (s *session) unlockOn(ctx context.Context, bound time.Time, l *lease) (unlocked bool, err error) {
+	if !bound.IsZero() {
+		_ = s.conn.Conn().PgConn().Conn().SetDeadline(bound)
+	}
 	for range unlockTries {
-		err = l.unlock(ctx).Scan(&unlocked)
+		sctx, stop := detach(s.conn, ctx)
+		err = l.unlock(sctx).Scan(&unlocked)
+		stop()
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || pgErr.Code != sqlstateQueryCanceled || ctx.Err() != nil || !s.isTainted() {
 			return unlocked, err
