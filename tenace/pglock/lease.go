@@ -135,8 +135,9 @@ func (l *lease) Token() uint64 { return l.token }
 // before, whose end the lease had not seen yet): the lease was lost then.
 // When the unlock fails otherwise (ctx ended, the server does not answer),
 // the connection is closed instead, which releases the lock when the server
-// ends the session, and the error is returned. A ctx without a deadline is bounded (5 s, then the
-// cancel's grace), so that a stalled server cannot hold the caller.
+// ends the session, and the error is returned. A ctx without a deadline is
+// bounded (5 s, a deadline on the unlock's socket, past which the
+// connection is closed), so that a stalled server cannot hold the caller.
 func (l *lease) Release(ctx context.Context) error {
 	if !l.state.CompareAndSwap(leaseHeld, leaseReleased) {
 		if l.state.Load() == leaseLost {

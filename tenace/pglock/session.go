@@ -43,6 +43,8 @@ type session struct {
 	endErr  error         // why the session ended under its leases, if it did
 	tainted bool          // a statement on it saw its context end: a cancel request may still come (see dropNested)
 
+	watching  bool          // a watcher was started since the session was last taken; guarded by mu
+	watchLate *time.Timer   // starts the watcher watchDelay after put (see startWatch)
 	stopping  atomic.Bool   // set by the taker before it stops the watcher
 	watchDone chan struct{} // closed when the watcher has exited
 	watchErr  error         // what ended the watcher, if not its stop; written before watchDone closes
@@ -51,10 +53,7 @@ type session struct {
 // newSession returns the session of conn, which a call has just been
 // granted a lock on: taken by that call, with no watcher yet (see put).
 func newSession(p *Provider, conn *pgxpool.Conn) *session {
-	s := &session{p: p, conn: conn, pid: conn.Conn().PgConn().PID(), busy: true, free: make(chan struct{})}
-	s.watchDone = make(chan struct{})
-	close(s.watchDone) // no watcher runs yet
-	return s
+	return &session{p: p, conn: conn, pid: conn.Conn().PgConn().PID(), busy: true, free: make(chan struct{})} // no watcher yet
 }
 
 // take waits until nobody else uses s, within ctx and bound (when not
@@ -85,8 +84,13 @@ func (s *session) take(ctx context.Context, bound time.Time) bool {
 		return false
 	}
 	s.busy, s.free = true, make(chan struct{})
+	watching := s.watching
+	s.watching = false
+	if s.watchLate != nil {
+		s.watchLate.Stop() // a timer that fires anyway finds s busy
+	}
 	s.mu.Unlock()
-	s.stopWatch()
+	s.stopWatch(watching)
 	return true
 }
 
@@ -103,8 +107,13 @@ func (s *session) tryTake(key string) bool {
 		return false
 	}
 	s.busy, s.free = true, make(chan struct{})
+	watching := s.watching
+	s.watching = false
+	if s.watchLate != nil {
+		s.watchLate.Stop() // a timer that fires anyway finds s busy
+	}
 	s.mu.Unlock()
-	s.stopWatch()
+	s.stopWatch(watching)
 	if s.watchErr != nil {
 		s.end(s.watchErr)
 		return false
@@ -112,20 +121,25 @@ func (s *session) tryTake(key string) bool {
 	return true
 }
 
-// stopWatch stops the watcher, if one runs, waits for it to exit, and
-// clears the read deadline that stopped it.
-func (s *session) stopWatch() {
-	s.stopping.Store(true)
-	_ = s.conn.Conn().PgConn().Conn().SetReadDeadline(time.Now())
+// stopWatch stops the watcher, when one was started (watching), waits for
+// it to exit, and clears the read deadline that stopped it. A watcher not
+// started yet never starts now: the session is busy (see startWatch).
+func (s *session) stopWatch(watching bool) {
+	if watching {
+		s.stopping.Store(true)
+		_ = s.conn.Conn().PgConn().Conn().SetReadDeadline(time.Now())
+	}
 	if h := s.p.hooks; h != nil && h.stopping != nil {
 		h.stopping()
 	}
-	<-s.watchDone
-	_ = s.conn.Conn().PgConn().Conn().SetReadDeadline(time.Time{})
+	if watching {
+		<-s.watchDone
+		_ = s.conn.Conn().PgConn().Conn().SetReadDeadline(time.Time{})
+	}
 }
 
 // put gives s back, by its taker: with leases left on it, the watcher
-// runs again; with none, the connection goes back to the pool (closed
+// runs again, watchDelay later (see startWatch); with none, the connection goes back to the pool (closed
 // instead when tainted) and the slot is freed.
 func (s *session) put() {
 	s.mu.Lock()
@@ -145,15 +159,41 @@ func (s *session) put() {
 		return
 	}
 	_ = s.conn.Conn().PgConn().Conn().SetDeadline(time.Time{})
+	free := s.free
+	s.busy = false
+	if s.watchLate == nil {
+		s.watchLate = time.AfterFunc(watchDelay, s.startWatch)
+	} else {
+		s.watchLate.Reset(watchDelay)
+	}
+	s.mu.Unlock()
+	close(free)
+}
+
+// watchDelay is how long after a session is given back its watcher
+// starts. A lease released sooner (a short critical section: the common
+// uncontended case) costs no goroutine, no read and no stop; a connection
+// that ends within watchDelay of the grant is seen when the watcher
+// starts, by a taker's statement (which finds it ended) if one comes
+// first. It is small beside the loss signal's latency on loopback (see the
+// package doc, Lost leases).
+const watchDelay = 100 * time.Microsecond
+
+// startWatch starts the watcher of s, given back, unless a taker has
+// taken s since (it gives s back, and starts the timer again, when done),
+// s ended, or a watcher was started already (a timer Reset as it fired).
+func (s *session) startWatch() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.busy || s.ended || s.watching {
+		return
+	}
+	s.watching = true
 	s.stopping.Store(false)
 	s.watchErr = nil
 	done := make(chan struct{})
 	s.watchDone = done
-	free := s.free
-	s.busy = false
-	s.mu.Unlock()
 	go s.watch(done)
-	close(free)
 }
 
 // end ends s under its leases, by its taker (or the watcher, which then
