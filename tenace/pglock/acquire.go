@@ -511,7 +511,10 @@ func (c *call) attempt(key string, got int, registered, reconnected bool) attemp
 // drop's round trip runs on the worker (see runBounded). The connection
 // slot goes back first, so that the caller's next Acquire finds it: that
 // one then waits in the pool, whose MaxConns is the same bound, for this
-// connection (a round trip), rather than fail with ErrPoolExhausted.
+// connection (a round trip), rather than fail with ErrPoolExhausted. A
+// nested call's session is marked draining: the execution's next nested
+// wait waits for the drop, and runs on the session, rather than take a
+// connection of its own (see session.tryTake).
 func (c *call) tellHeld() {
 	if c.early == nil {
 		return
@@ -519,6 +522,10 @@ func (c *call) tellHeld() {
 	c.told, c.freed = true, true
 	if c.sess == nil {
 		<-c.p.slots // a nested call has no slot of its own
+	} else {
+		c.sess.mu.Lock()
+		c.sess.draining = true
+		c.sess.mu.Unlock()
 	}
 	c.early <- outcome{}
 }

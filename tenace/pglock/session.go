@@ -42,6 +42,11 @@ type session struct {
 	ended   bool          // conn went back to the pool or was closed; the slot is free
 	endErr  error         // why the session ended under its leases, if it did
 	tainted bool          // a statement on it saw its context end: a cancel request may still come (see dropNested)
+	// draining: the taker is a nested call whose caller has its verdict
+	// ("held") already, and drops what the wait may have taken before it
+	// gives s back (see call.tellHeld): a nested wait of the execution
+	// waits for that round trip rather than take a connection of its own.
+	draining bool
 
 	watching  bool          // a watcher was started since the session was last taken; guarded by mu
 	watchLate *time.Timer   // starts the watcher watchDelay after put (see startWatch)
@@ -99,9 +104,20 @@ func (s *session) take(ctx context.Context, bound time.Time) bool {
 // session's advisory locks are reentrant, so a wait there for a key it
 // holds would be granted at once beside the holder. It reports whether it
 // took s; a session whose connection ended meanwhile is ended (its leases
-// lost) and not taken.
-func (s *session) tryTake(key string) bool {
+// lost) and not taken. A session draining (see draining) is waited for,
+// within ctx.
+func (s *session) tryTake(ctx context.Context, key string) bool {
 	s.mu.Lock()
+	for s.busy && s.draining && !s.ended {
+		free := s.free
+		s.mu.Unlock()
+		select {
+		case <-free:
+		case <-ctx.Done():
+			return false
+		}
+		s.mu.Lock()
+	}
 	if s.busy || s.ended || s.tainted || slices.ContainsFunc(s.leases, func(l *lease) bool { return l.has(key) }) {
 		s.mu.Unlock()
 		return false
@@ -160,7 +176,7 @@ func (s *session) put() {
 	}
 	_ = s.conn.Conn().PgConn().Conn().SetDeadline(time.Time{})
 	free := s.free
-	s.busy = false
+	s.busy, s.draining = false, false
 	if s.watchLate == nil {
 		s.watchLate = time.AfterFunc(watchDelay, s.startWatch)
 	} else {
@@ -343,7 +359,7 @@ func (p *Provider) sessionFor(c *call) *session {
 	for _, h := range provkit.HeldLeases(c.ctx, p) {
 		// A bulkhead permit's session is its own: its release unlocks
 		// everything the session holds (see unlockSQL).
-		if l := leaseOf(h); l != nil && l.p == p && l.mode != modePermit && l.s.tryTake(c.key) {
+		if l := leaseOf(h); l != nil && l.p == p && l.mode != modePermit && l.s.tryTake(c.wctx, c.key) {
 			return l.s
 		}
 	}
