@@ -469,7 +469,9 @@ func (c *call) lockStatement(conn *pgxpool.Conn, key string) (r reply, id int32,
 	var pid *int32
 	var fence *int64
 	var locked bool
-	err := conn.QueryRow(c.wctx, sql, args...).Scan(&pid, &locked, &fence, &c.heldBy)
+	ctx, stop := detach(conn, c.wctx)
+	err := conn.QueryRow(ctx, sql, args...).Scan(&pid, &locked, &fence, &c.heldBy)
+	stop()
 	if h := c.p.hooks; h != nil && h.statementDone != nil {
 		h.statementDone(conn.Conn().PgConn().PID(), err == nil && locked)
 	}
@@ -509,7 +511,10 @@ func (c *call) attempt(key string, got int, registered, reconnected bool) attemp
 // drop's round trip runs on the worker (see runBounded). The connection
 // slot goes back first, so that the caller's next Acquire finds it: that
 // one then waits in the pool, whose MaxConns is the same bound, for this
-// connection (a round trip), rather than fail with ErrPoolExhausted.
+// connection (a round trip), rather than fail with ErrPoolExhausted. A
+// nested call's session is marked draining: the execution's next nested
+// wait waits for the drop, and runs on the session, rather than take a
+// connection of its own (see session.tryTake).
 func (c *call) tellHeld() {
 	if c.early == nil {
 		return
@@ -517,6 +522,10 @@ func (c *call) tellHeld() {
 	c.told, c.freed = true, true
 	if c.sess == nil {
 		<-c.p.slots // a nested call has no slot of its own
+	} else {
+		c.sess.mu.Lock()
+		c.sess.draining = true
+		c.sess.mu.Unlock()
 	}
 	c.early <- outcome{}
 }

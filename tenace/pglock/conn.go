@@ -120,6 +120,37 @@ func (h *cancelHandler) HandleUnwatchAfterCancel() {
 	_ = h.conn.Conn().SetDeadline(time.Time{})
 }
 
+// detach returns the context to run a statement on conn with in place of
+// ctx, and the stop to call once the statement has returned: the same
+// cancel handling as pgconn's context watcher gives a statement run on
+// ctx (see cancelHandler), without the goroutine pgconn starts per
+// statement for a ctx that can end. The statement runs on a ctx that
+// cannot end; when ctx ends while it runs, context.AfterFunc runs the
+// handler (cancel requests, the grace's deadline), and stop waits for it,
+// then ends the requests as pgconn's Unwatch would. A ctx that cannot end,
+// or has ended already (pgconn then refuses to start the statement, as
+// for ctx itself), is returned as it is.
+func detach(conn *pgxpool.Conn, ctx context.Context) (context.Context, func()) {
+	if ctx.Done() == nil || ctx.Err() != nil {
+		return ctx, func() {}
+	}
+	h, ok := conn.Conn().PgConn().CustomData()[handlerKey].(*cancelHandler)
+	if !ok {
+		return ctx, func() {}
+	}
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(fired)
+		h.HandleCancel(ctx)
+	})
+	return context.WithoutCancel(ctx), func() {
+		if !stop() {
+			<-fired
+			h.HandleUnwatchAfterCancel()
+		}
+	}
+}
+
 // cancelSettled reports whether conn's last statement, which has
 // returned, saw no cancel request, or only requests the server has
 // answered: then none can hit the next statement. The server signals the

@@ -52,8 +52,9 @@ type Hooks struct {
 	ReleaseWaits func()
 	// Watching runs in a lease's watcher, before its first read.
 	Watching func()
-	// Stopping runs in an ender that has set the watcher's read deadline,
-	// before it waits for the watcher to stop.
+	// Stopping runs in a taker of the session (an ender, a nested wait)
+	// once it has set the watcher's read deadline, before it waits for the
+	// watcher to stop; also when no watcher was started yet.
 	Stopping func()
 	// StatementDone runs in Acquire once the acquire statement has
 	// returned, with its backend's pid and whether it took the lock,

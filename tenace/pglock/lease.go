@@ -135,8 +135,9 @@ func (l *lease) Token() uint64 { return l.token }
 // before, whose end the lease had not seen yet): the lease was lost then.
 // When the unlock fails otherwise (ctx ended, the server does not answer),
 // the connection is closed instead, which releases the lock when the server
-// ends the session, and the error is returned. A ctx without a deadline is bounded (5 s, then the
-// cancel's grace), so that a stalled server cannot hold the caller.
+// ends the session, and the error is returned. A ctx without a deadline is
+// bounded (5 s, a deadline on the unlock's socket, past which the
+// connection is closed), so that a stalled server cannot hold the caller.
 func (l *lease) Release(ctx context.Context) error {
 	if !l.state.CompareAndSwap(leaseHeld, leaseReleased) {
 		if l.state.Load() == leaseLost {
@@ -154,16 +155,17 @@ func (l *lease) Release(ctx context.Context) error {
 		}
 		return nil
 	}
+	var bound time.Time
 	if _, ok := ctx.Deadline(); !ok {
 		// A ctx without a deadline (the Lock step releases with one) is
 		// bounded, so that a stalled server cannot hold the caller: past
-		// the bound the unlock is cancelled and the connection closed,
-		// which releases the lock when the server ends the session.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, releaseTimeout)
-		defer cancel()
+		// the bound the unlock's socket times out and the connection is
+		// closed, which releases the lock when the server ends the
+		// session. A deadline on the socket rather than a context's: no
+		// timer and no cancel request on the common path.
+		bound = time.Now().Add(releaseTimeout)
 	}
-	return l.finish(ctx, nil)
+	return l.finish(ctx, bound, nil)
 }
 
 // releaseTimeout bounds a Release whose ctx has no deadline (a variable for
@@ -206,7 +208,7 @@ func (l *lease) lose(cause error) bool {
 func (l *lease) unlockLost(cause error) {
 	ctx, cancel := context.WithTimeout(context.Background(), endTimeout)
 	defer cancel()
-	_ = l.finish(ctx, cause)
+	_ = l.finish(ctx, time.Time{}, cause)
 }
 
 // endTimeout bounds the unlock of a lease lost to its TTL or to Close (a
@@ -214,19 +216,20 @@ func (l *lease) unlockLost(cause error) {
 var endTimeout = provkit.CleanupTimeout
 
 // finish is run by the one ender: stop the TTL timer, take the session
-// (waiting, within ctx, for a nested wait on it to end); if its connection
+// (waiting, within ctx and bound, for a nested wait on it to end); if its connection
 // ended meanwhile, the lease is lost; otherwise unlock l's lock alone and
 // give the session back, which returns the connection to the pool once no
 // lease is left on it. cause, when not nil, is why the lease is lost (TTL,
 // Close), which lose has signalled already, so that fn's context ends
-// before the lock is released.
-func (l *lease) finish(ctx context.Context, cause error) error {
+// before the lock is released. bound, when not zero, bounds the call
+// besides ctx (see Release).
+func (l *lease) finish(ctx context.Context, bound time.Time, cause error) error {
 	if stop := l.stopTTL.Load(); stop != nil {
 		(*stop)()
 	}
 	defer l.p.forget(l)
 	s := l.s
-	if !s.take(ctx) {
+	if !s.take(ctx, bound) {
 		s.mu.Lock()
 		ended, endErr := s.ended, s.endErr
 		s.mu.Unlock()
@@ -263,7 +266,7 @@ func (l *lease) finish(ctx context.Context, cause error) error {
 		}
 		return fmt.Errorf("pglock: Release of %s touched nothing: %w", l.name(), l.Err())
 	}
-	unlocked, err := s.unlockOn(ctx, l)
+	unlocked, err := s.unlockOn(ctx, bound, l)
 	if err == nil && !unlocked {
 		err = errors.New("the session did not hold the lock")
 	}

@@ -109,8 +109,9 @@ type testHooks struct {
 	releaseWaits func()
 	// watching runs in the watcher, before its first read.
 	watching func()
-	// stopping runs in an ender that has set the watcher's read deadline,
-	// before it waits for the watcher to stop.
+	// stopping runs in a taker of the session (an ender, a nested wait)
+	// once it has set the watcher's read deadline, before it waits for the
+	// watcher to stop; also when no watcher was started yet.
 	stopping func()
 	// statementDone runs in Acquire once the acquire statement has
 	// returned, with its backend's pid and whether it took the lock,

@@ -42,7 +42,14 @@ type session struct {
 	ended   bool          // conn went back to the pool or was closed; the slot is free
 	endErr  error         // why the session ended under its leases, if it did
 	tainted bool          // a statement on it saw its context end: a cancel request may still come (see dropNested)
+	// draining: the taker is a nested call whose caller has its verdict
+	// ("held") already, and drops what the wait may have taken before it
+	// gives s back (see call.tellHeld): a nested wait of the execution
+	// waits for that round trip rather than take a connection of its own.
+	draining bool
 
+	watching  bool          // a watcher was started since the session was last taken; guarded by mu
+	watchLate *time.Timer   // starts the watcher watchDelay after put (see startWatch)
 	stopping  atomic.Bool   // set by the taker before it stops the watcher
 	watchDone chan struct{} // closed when the watcher has exited
 	watchErr  error         // what ended the watcher, if not its stop; written before watchDone closes
@@ -51,21 +58,25 @@ type session struct {
 // newSession returns the session of conn, which a call has just been
 // granted a lock on: taken by that call, with no watcher yet (see put).
 func newSession(p *Provider, conn *pgxpool.Conn) *session {
-	s := &session{p: p, conn: conn, pid: conn.Conn().PgConn().PID(), busy: true, free: make(chan struct{})}
-	s.watchDone = make(chan struct{})
-	close(s.watchDone) // no watcher runs yet
-	return s
+	return &session{p: p, conn: conn, pid: conn.Conn().PgConn().PID(), busy: true, free: make(chan struct{})} // no watcher yet
 }
 
-// take waits until nobody else uses s, within ctx, and takes it, the
-// watcher stopped. It reports false, having taken nothing, when s ended
-// (its leases were lost with it) or ctx ended first. A connection that
-// ended while the watcher ran is found by the taker (watchErr).
-func (s *session) take(ctx context.Context) bool {
+// take waits until nobody else uses s, within ctx and bound (when not
+// zero), and takes it, the watcher stopped. It reports false, having taken
+// nothing, when s ended (its leases were lost with it) or ctx ended or
+// bound passed first. A connection that ended while the watcher ran is
+// found by the taker (watchErr).
+func (s *session) take(ctx context.Context, bound time.Time) bool {
 	s.mu.Lock()
 	for s.busy && !s.ended {
 		free := s.free
 		s.mu.Unlock()
+		if !bound.IsZero() {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, bound)
+			defer cancel()
+			bound = time.Time{}
+		}
 		select {
 		case <-free:
 		case <-ctx.Done():
@@ -78,8 +89,13 @@ func (s *session) take(ctx context.Context) bool {
 		return false
 	}
 	s.busy, s.free = true, make(chan struct{})
+	watching := s.watching
+	s.watching = false
+	if s.watchLate != nil {
+		s.watchLate.Stop() // a timer that fires anyway finds s busy
+	}
 	s.mu.Unlock()
-	s.stopWatch()
+	s.stopWatch(watching)
 	return true
 }
 
@@ -88,16 +104,32 @@ func (s *session) take(ctx context.Context) bool {
 // session's advisory locks are reentrant, so a wait there for a key it
 // holds would be granted at once beside the holder. It reports whether it
 // took s; a session whose connection ended meanwhile is ended (its leases
-// lost) and not taken.
-func (s *session) tryTake(key string) bool {
+// lost) and not taken. A session draining (see draining) is waited for,
+// within ctx.
+func (s *session) tryTake(ctx context.Context, key string) bool {
 	s.mu.Lock()
+	for s.busy && s.draining && !s.ended {
+		free := s.free
+		s.mu.Unlock()
+		select {
+		case <-free:
+		case <-ctx.Done():
+			return false
+		}
+		s.mu.Lock()
+	}
 	if s.busy || s.ended || s.tainted || slices.ContainsFunc(s.leases, func(l *lease) bool { return l.has(key) }) {
 		s.mu.Unlock()
 		return false
 	}
 	s.busy, s.free = true, make(chan struct{})
+	watching := s.watching
+	s.watching = false
+	if s.watchLate != nil {
+		s.watchLate.Stop() // a timer that fires anyway finds s busy
+	}
 	s.mu.Unlock()
-	s.stopWatch()
+	s.stopWatch(watching)
 	if s.watchErr != nil {
 		s.end(s.watchErr)
 		return false
@@ -105,20 +137,25 @@ func (s *session) tryTake(key string) bool {
 	return true
 }
 
-// stopWatch stops the watcher, if one runs, waits for it to exit, and
-// clears the read deadline that stopped it.
-func (s *session) stopWatch() {
-	s.stopping.Store(true)
-	_ = s.conn.Conn().PgConn().Conn().SetReadDeadline(time.Now())
+// stopWatch stops the watcher, when one was started (watching), waits for
+// it to exit, and clears the read deadline that stopped it. A watcher not
+// started yet never starts now: the session is busy (see startWatch).
+func (s *session) stopWatch(watching bool) {
+	if watching {
+		s.stopping.Store(true)
+		_ = s.conn.Conn().PgConn().Conn().SetReadDeadline(time.Now())
+	}
 	if h := s.p.hooks; h != nil && h.stopping != nil {
 		h.stopping()
 	}
-	<-s.watchDone
-	_ = s.conn.Conn().PgConn().Conn().SetReadDeadline(time.Time{})
+	if watching {
+		<-s.watchDone
+		_ = s.conn.Conn().PgConn().Conn().SetReadDeadline(time.Time{})
+	}
 }
 
 // put gives s back, by its taker: with leases left on it, the watcher
-// runs again; with none, the connection goes back to the pool (closed
+// runs again, watchDelay later (see startWatch); with none, the connection goes back to the pool (closed
 // instead when tainted) and the slot is freed.
 func (s *session) put() {
 	s.mu.Lock()
@@ -138,15 +175,41 @@ func (s *session) put() {
 		return
 	}
 	_ = s.conn.Conn().PgConn().Conn().SetDeadline(time.Time{})
+	free := s.free
+	s.busy, s.draining = false, false
+	if s.watchLate == nil {
+		s.watchLate = time.AfterFunc(watchDelay, s.startWatch)
+	} else {
+		s.watchLate.Reset(watchDelay)
+	}
+	s.mu.Unlock()
+	close(free)
+}
+
+// watchDelay is how long after a session is given back its watcher
+// starts. A lease released sooner (a short critical section: the common
+// uncontended case) costs no goroutine, no read and no stop; a connection
+// that ends within watchDelay of the grant is seen when the watcher
+// starts, by a taker's statement (which finds it ended) if one comes
+// first. It is small beside the loss signal's latency on loopback (see the
+// package doc, Lost leases).
+const watchDelay = 100 * time.Microsecond
+
+// startWatch starts the watcher of s, given back, unless a taker has
+// taken s since (it gives s back, and starts the timer again, when done),
+// s ended, or a watcher was started already (a timer Reset as it fired).
+func (s *session) startWatch() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.busy || s.ended || s.watching {
+		return
+	}
+	s.watching = true
 	s.stopping.Store(false)
 	s.watchErr = nil
 	done := make(chan struct{})
 	s.watchDone = done
-	free := s.free
-	s.busy = false
-	s.mu.Unlock()
 	go s.watch(done)
-	close(free)
 }
 
 // end ends s under its leases, by its taker (or the watcher, which then
@@ -259,14 +322,20 @@ func (s *session) watch(done chan struct{}) {
 	}
 }
 
-// unlockOn runs l's unlock on s, taken: it returns whether the session
-// held what l holds. A cancel request meant for an earlier statement of a
-// tainted session can reach it only now and cancel the unlock (SQLSTATE
-// 57014) while ctx runs: the unlock is tried again then, a few times (see
-// unlockAll).
-func (s *session) unlockOn(ctx context.Context, l *lease) (unlocked bool, err error) {
+// unlockOn runs l's unlock on s, taken, within ctx and bound (when not
+// zero: the socket's deadline, which put clears): it returns whether the
+// session held what l holds. A cancel request meant for an earlier
+// statement of a tainted session can reach it only now and cancel the
+// unlock (SQLSTATE 57014) while ctx runs: the unlock is tried again then,
+// a few times (see unlockAll).
+func (s *session) unlockOn(ctx context.Context, bound time.Time, l *lease) (unlocked bool, err error) {
+	if !bound.IsZero() {
+		_ = s.conn.Conn().PgConn().Conn().SetDeadline(bound)
+	}
 	for range unlockTries {
-		err = l.unlock(ctx).Scan(&unlocked)
+		sctx, stop := detach(s.conn, ctx)
+		err = l.unlock(sctx).Scan(&unlocked)
+		stop()
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || pgErr.Code != sqlstateQueryCanceled || ctx.Err() != nil || !s.isTainted() {
 			return unlocked, err
@@ -290,7 +359,7 @@ func (p *Provider) sessionFor(c *call) *session {
 	for _, h := range provkit.HeldLeases(c.ctx, p) {
 		// A bulkhead permit's session is its own: its release unlocks
 		// everything the session holds (see unlockSQL).
-		if l := leaseOf(h); l != nil && l.p == p && l.mode != modePermit && l.s.tryTake(c.key) {
+		if l := leaseOf(h); l != nil && l.p == p && l.mode != modePermit && l.s.tryTake(c.wctx, c.key) {
 			return l.s
 		}
 	}

@@ -40,9 +40,10 @@ func TestReleaseOnAStalledBackendReturns(t *testing.T) {
 	t.Logf("Release on a stalled backend returned after %v: %v", took.Round(time.Millisecond), err)
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "connection was closed instead")
-	// The release bound, then the cancel requests' grace before the
-	// connection is given up (cancelGrace, 2 s), with room for a loaded
-	// machine.
+	// The release bound (a deadline on the unlock's socket, past which
+	// the connection is closed), within the bound of a Release cut short
+	// by its ctx (that bound, then the cancel requests' grace, cancelGrace,
+	// 2 s), with room for a loaded machine.
 	require.Less(t, took, 200*time.Millisecond+2*time.Second+time.Second)
 	// The backend, running again, sees its connection closed and ends the
 	// session, which frees the lock: a waiter gets it within its Timeout.
