@@ -158,7 +158,9 @@ func TestPageInABrowser(t *testing.T) {
 	rows, err = chromedp.Run(ctx, chromedp.Evaluate[[][]string](rowsJS))
 	require.NoError(t, err)
 	require.Equal(t, "orders/1", rows[0][0], "sorted by waiting, most first")
-	waits, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#waits`)))
+	// Read in one evaluation: a refresh may replace the element between a
+	// query for its node and a read of the node's text.
+	waits, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("#waits").textContent`))
 	require.NoError(t, err)
 	require.Contains(t, waits, "orders/1: 2 waiting")
 
