@@ -88,14 +88,7 @@ func (s *session) take(ctx context.Context, bound time.Time) bool {
 		s.mu.Unlock()
 		return false
 	}
-	s.busy, s.free = true, make(chan struct{})
-	watching := s.watching
-	s.watching = false
-	if s.watchLate != nil {
-		s.watchLate.Stop() // a timer that fires anyway finds s busy
-	}
-	s.mu.Unlock()
-	s.stopWatch(watching)
+	s.occupy()
 	return true
 }
 
@@ -122,19 +115,26 @@ func (s *session) tryTake(ctx context.Context, key string) bool {
 		s.mu.Unlock()
 		return false
 	}
-	s.busy, s.free = true, make(chan struct{})
-	watching := s.watching
-	s.watching = false
-	if s.watchLate != nil {
-		s.watchLate.Stop() // a timer that fires anyway finds s busy
-	}
-	s.mu.Unlock()
-	s.stopWatch(watching)
+	s.occupy()
 	if s.watchErr != nil {
 		s.end(s.watchErr)
 		return false
 	}
 	return true
+}
+
+// occupy marks s busy, called with s.mu held, which it unlocks; then it
+// stops the watcher, if one was started. A watcher's timer that fires
+// anyway finds s busy and starts none.
+func (s *session) occupy() {
+	s.busy, s.free = true, make(chan struct{})
+	watching := s.watching
+	s.watching = false
+	if s.watchLate != nil {
+		s.watchLate.Stop()
+	}
+	s.mu.Unlock()
+	s.stopWatch(watching)
 }
 
 // stopWatch stops the watcher, when one was started (watching), waits for
