@@ -21,9 +21,9 @@ import (
 // of an Acquire+Release through the interface: no allocation of its own. The
 // lease is the shard's Grant, which must not be pooled (a second Release of
 // it must still name the same grant), and the shard cuts Grants from slabs of
-// 64: one allocation every 64 acquires, and nothing else.
+// 32: one allocation every 32 acquires, and nothing else.
 func TestUncontendedAcquireReleaseAllocatesNoLease(t *testing.T) {
-	const slab = 64 // shard.grantSlab
+	const slab = 32 // shard.grantSlab
 	p, _ := newProvider(t)
 	var lp tenace.LockProvider = p
 	allocs := testing.AllocsPerRun(200, func() {
@@ -32,7 +32,7 @@ func TestUncontendedAcquireReleaseAllocatesNoLease(t *testing.T) {
 			_ = l.Release(bg)
 		}
 	})
-	require.Equal(t, 1.0, allocs, "one slab per 64 acquires")
+	require.Equal(t, 1.0, allocs, "one slab per 32 acquires")
 	allocs = testing.AllocsPerRun(200, func() {
 		for range slab {
 			l, _ := lp.Acquire(bg, "k", tenace.LockAcquireOptions{Timeout: time.Second})

@@ -256,7 +256,7 @@ func TestLeasesAreNeverReused(t *testing.T) {
 	p, _ := newProvider(t)
 	seen := map[tenace.LockLease]bool{}
 	var old []tenace.LockLease
-	for range 3*64 + 1 {
+	for range 3*32 + 1 {
 		l := mustAcquire(t, p, "k")
 		require.False(t, seen[l], "a lease handed out twice")
 		seen[l] = true

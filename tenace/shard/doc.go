@@ -31,7 +31,7 @@
 // story. [Table] gives the protocol and why it keeps the arrival order.
 //
 // The holder's handle is a [Grant] the shard made for that grant alone, cut
-// from a slab of 64 that the shard allocates on its own goroutine and never
+// from a slab of 32 that the shard allocates on its own goroutine and never
 // reuses: the memory provider hands it out as its lease, so an acquire
 // allocates nothing of its own.
 //

@@ -114,24 +114,32 @@ func (o Outcome) Grant() *Grant { return o.grant }
 // and without an allocation of its own. Grants are cut from slabs of
 // grantSlab, which the shard allocates (one allocation every grantSlab
 // grants instead of one per grant); a slab's memory is freed once none of
-// its Grants is referenced, so a Grant kept long keeps its slab (1.5 KiB)
-// and the entries its neighbours still point to (about 4 KiB more at
-// most; they can do nothing with them: tokens are never reused). A Grant
-// holds nothing of its holder's: the shard keeps its current slab
+// its Grants is referenced, so a Grant kept long keeps its slab (512
+// bytes) and the entries its neighbours still point to (about 4 KiB more
+// at most; they can do nothing with them: tokens are never reused). A
+// Grant holds nothing of its holder's: the shard keeps its current slab
 // reachable, and whatever a Grant referenced would stay alive with it.
+//
+// A Grant is its Held alone: its entry and token. It finds its shard
+// through the entry's table (see Table), not by a pointer of its own.
 type Grant struct {
-	shard *Shard
-	held  Held[chan reply]
+	held Held[chan reply]
 }
 
-// grantSlab is how many Grants the shard allocates at once (24 bytes
-// each: 1,536 bytes a slab). An allocation per grant costs about a sixth
-// of an uncontended acquire+release (bench/README.md: the miniature, and
-// Experiments, "Grant slabs"), about half of it the allocation's call,
-// half the collector's work for the bytes; a Grant keeps no released flag
-// either, for the same reason: a second Release finds its grant no longer
-// current instead.
-const grantSlab = 64
+// grantSlab is how many Grants the shard allocates at once: 16 bytes
+// each, 512 bytes a slab, the largest object the runtime allocates
+// without an 8-byte header of its type (a slab of 64 would take the
+// 1,152-byte size class). The bytes are what the uncontended path pays
+// the collector for: at a few hundred nanoseconds an operation, every
+// byte a grant allocates brings the next collection closer, and while
+// one marks, every pointer written on the path costs a write barrier.
+// An allocation per grant costs about a sixth of an uncontended
+// acquire+release (bench/README.md: the miniature, and Experiments,
+// "Grant slabs"), about half of it the allocation's call, half the
+// collector's work for the bytes; a Grant keeps no released flag and no
+// shard pointer either, for the same reason: a second Release finds its
+// grant no longer current instead.
+const grantSlab = 32
 
 // Token is the grant's token: strictly increasing per key, grant after
 // grant.
@@ -162,26 +170,27 @@ func (g *Grant) Token() uint64 { return g.held.Token() }
 // After the group stopped, it does nothing. A second call costs what a
 // release to waiters costs: its CAS fails, and the shard drops its message.
 func (g *Grant) Release() {
-	s := g.shard
-	if s == nil {
+	e := g.held.entry
+	if e == nil {
 		return
 	}
+	t := e.table
 	if g.held.Shared() {
-		// A shared grant is released by message only, and only the shard
-		// reads its Held's entry (see Table.ReleaseHeld).
-		_ = s.mb.Send(context.Background(), message{kind: msgReleaseHeld, held: &g.held})
+		// A shared grant is released by message only: the shard counts
+		// its shared holders (see Table.ReleaseHeld).
+		_ = t.shard.mb.Send(context.Background(), message{kind: msgReleaseHeld, held: &g.held})
 		return
 	}
-	released, reap := s.table.ReleaseByCAS(&g.held)
+	released, reap := t.ReleaseByCAS(&g.held)
 	if !released {
 		// Never gives up on a context: a release that was dropped would
 		// leak the key. It blocks only while the mailbox is full. h stays
 		// valid: a Grant is never reused (see above).
-		_ = s.mb.Send(context.Background(), message{kind: msgReleaseHeld, held: &g.held})
+		_ = t.shard.mb.Send(context.Background(), message{kind: msgReleaseHeld, held: &g.held})
 		return
 	}
 	if reap {
-		s.mb.TrySend(message{kind: msgReap})
+		t.shard.mb.TrySend(message{kind: msgReap})
 	}
 }
 
@@ -222,6 +231,7 @@ type delivery struct {
 
 func newShard(g *Group) *Shard {
 	s := &Shard{group: g, table: NewTable[chan reply]()}
+	s.table.shard = s
 	s.mb = actor.Start(s.handle, actor.Options[message]{
 		Mailbox: g.opts.Mailbox,
 		OnStop:  s.stop,
@@ -310,7 +320,7 @@ func (s *Shard) grant(w *waiter) {
 	}
 	g := &s.grants[0]
 	s.grants = s.grants[1:]
-	g.shard, g.held = s, w.Held()
+	g.held = w.Held()
 	s.out = append(s.out, delivery{w, reply{kind: replyGranted, grant: g}})
 }
 

@@ -52,12 +52,17 @@ func TestTableCountsByMode(t *testing.T) {
 	requireCounts(t, tb, 1, 2, 1, 2, 2, "the queued reader gave up")
 
 	h1, h2 := heldOf(r1), heldOf(r2)
+	copied := *h1 // released below, after h1
 	released, next := tb.ReleaseHeld(h1)
 	require.True(t, released)
 	require.Nil(t, next)
 	requireCounts(t, tb, 1, 1, 1, 2, 2, "one reader left")
 	released, next = tb.ReleaseHeld(h1)
 	require.False(t, released, "a second release gives back nothing")
+	require.Nil(t, next)
+	requireCounts(t, tb, 1, 1, 1, 2, 2, "still one reader")
+	released, next = tb.ReleaseHeld(&copied)
+	require.False(t, released, "a copy released again gives back nothing either")
 	require.Nil(t, next)
 	requireCounts(t, tb, 1, 1, 1, 2, 2, "still one reader")
 	_, next = tb.ReleaseHeld(h2)

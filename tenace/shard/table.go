@@ -135,9 +135,8 @@ type Held[T any] struct {
 }
 
 // Held returns the grant w holds, for its holder to release; valid once w is
-// Granted. A shared grant's Held is marked released in place by
-// [Table.ReleaseHeld]: keep one *Held per shared grant and release through
-// it (a copy released again would give back a second permit).
+// Granted. A Held, or a copy, released a second time changes nothing: the
+// table finds its grant no longer current.
 func (w *Waiter[T]) Held() Held[T] {
 	if w.shared {
 		return Held[T]{entry: w.entry, token: w.token | sharedBit}
@@ -154,8 +153,7 @@ func (h *Held[T]) Shared() bool { return h.token&sharedBit != 0 }
 
 // sharedBit marks a shared grant's Held token (tokens stay below 2^62). It
 // is set when the Held is made and never changes, so the holder may read it
-// from any goroutine; a shared Held's lock is the owner's alone (it is
-// cleared when the grant is released: see ReleaseHeld).
+// from any goroutine: nothing writes a Held once it is made.
 const sharedBit = 1 << 63
 
 // An entry's state word, the one field of the table that goroutines other
@@ -191,6 +189,7 @@ func isCurrent(s, token uint64) bool {
 // Everything but state is owned by the table's owner.
 type entry[T any] struct {
 	state      atomic.Uint64
+	table      *Table[T] // the table the entry is made for, whatever key it has: a Held finds its table through it
 	key        string
 	head, tail *Waiter[T] // FIFO queue, oldest first
 	waiting    int
@@ -337,6 +336,12 @@ type Table[T any] struct {
 	heldKeys atomic.Int64 // keys held: words held or contended
 	mapped   atomic.Int64 // entries in the map, as the owner last published it
 
+	// shard is the shard that owns the table, or nil for a table used on
+	// its own: a Grant reaches its shard through its entry's table, so
+	// that it need not keep a pointer of its own (see Grant). Set once,
+	// before any entry is made.
+	shard *Shard
+
 	// Owned by the table's owner.
 	entries map[string]*entry[T]
 	all     []*entry[T] // the map's entries, in no order: what Reap walks (iterating a Go map costs its capacity, not its length)
@@ -447,7 +452,7 @@ func (t *Table[T]) grantNew(key string, w *Waiter[T]) {
 		e, t.spare[n-1] = t.spare[n-1], nil
 		t.spare = t.spare[:n-1]
 	} else {
-		e = new(entry[T])
+		e = &entry[T]{table: t}
 	}
 	e.key, e.idx = key, int32(len(t.all))
 	t.entries[key] = e
@@ -622,9 +627,9 @@ func (t *Table[T]) recycle(e *entry[T]) {
 // entry, and the entry's word says whether h is still its grant.
 //
 // A shared grant is released this way only: the first call gives its
-// permit back and clears h (a shared Held is marked released in place, so
-// the owner keeps the one *Held of each shared grant), and next is the
-// first of the waiters that admitted, in order (see [Waiter.Also]).
+// permit back, and next is the first of the waiters that admitted, in
+// order (see [Waiter.Also]); a later call, of h or of a copy, finds no
+// shared holder of h's token and changes nothing. h is only read.
 func (t *Table[T]) ReleaseHeld(h *Held[T]) (released bool, next *Waiter[T]) {
 	e := h.entry
 	if e == nil {
@@ -633,10 +638,9 @@ func (t *Table[T]) ReleaseHeld(h *Held[T]) (released bool, next *Waiter[T]) {
 	s := e.state.Load()
 	if h.token&sharedBit != 0 {
 		if s != stShared {
-			return false, nil // drained
+			return false, nil // released, or drained
 		}
-		h.entry = nil
-		return true, t.leaveShared(e, h.Token())
+		return t.leaveShared(e, h.Token())
 	}
 	if !isCurrent(s, h.token) {
 		return false, nil
@@ -644,17 +648,23 @@ func (t *Table[T]) ReleaseHeld(h *Held[T]) (released bool, next *Waiter[T]) {
 	return true, t.handOn(e, s, true)
 }
 
-// leaveShared ends one shared grant of e and admits whom that lets in.
-func (t *Table[T]) leaveShared(e *entry[T], token uint64) *Waiter[T] {
-	if i, ok := slices.BinarySearchFunc(e.readers, token, func(m mark, token uint64) int { return cmp.Compare(m.token, token) }); ok {
-		e.readers = slices.Delete(e.readers, i, i+1)
+// leaveShared ends the shared grant token of e, whose word is stShared,
+// and admits whom that lets in; left is false, and nothing changes, when
+// token is none of e's shared holders (its grant was released, or e was
+// recycled: tokens are never reused, and every shared holder has its mark,
+// invariant 5).
+func (t *Table[T]) leaveShared(e *entry[T], token uint64) (left bool, next *Waiter[T]) {
+	i, ok := slices.BinarySearchFunc(e.readers, token, func(m mark, token uint64) int { return cmp.Compare(m.token, token) })
+	if !ok {
+		return false, nil
 	}
+	e.readers = slices.Delete(e.readers, i, i+1)
 	e.shared--
 	t.sharedHolders--
 	if e.shared == 0 {
 		t.sharedKeys--
 	}
-	return t.handOn(e, stShared, e.shared == 0)
+	return true, t.handOn(e, stShared, e.shared == 0)
 }
 
 // Release ends the exclusive grant token on key: the message path, for a
@@ -803,7 +813,8 @@ func (t *Table[T]) Cancel(w *Waiter[T]) (removed bool, next *Waiter[T]) {
 			// the permit is still taken, unless the table was drained.
 			if s == stShared {
 				w.state = Cancelled // a second Cancel gives back nothing
-				return false, t.leaveShared(e, w.token)
+				_, next := t.leaveShared(e, w.token)
+				return false, next
 			}
 		} else if isCurrent(s, w.token) {
 			return false, t.handOn(e, s, true)
