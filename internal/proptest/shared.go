@@ -78,9 +78,10 @@ type sharedMachine struct {
 	m       map[string]*sharedKey
 	keys    []string
 	waiters map[uint64]*shard.Waiter[int]
-	helds   map[uint64]*shard.Held[int] // the one Held of each shared grant
+	helds   map[uint64]*shard.Held[int] // the Held each grant's releases go through
 	keyOf   map[uint64]string
 	last    uint64
+	gone    []uint64 // the grants released, oldest first
 }
 
 // NewSharedMachine returns a machine over keys with an empty table and
@@ -199,6 +200,25 @@ func (sm *sharedMachine) Release(rt *rapid.T) {
 	released, next = sm.t.ReleaseHeld(h)
 	require.False(rt, released, "a second release of the same grant gives nothing back")
 	require.Nil(rt, next)
+	sm.gone = append(sm.gone, token)
+}
+
+// ReleaseStale releases, by CAS and then by message, a copy of the Held of
+// a grant released earlier: its key may be held again since, by exclusive
+// or shared holders, or its entry reaped and made again for another key
+// (a Reap between). Neither release changes anything: a Held may be
+// copied, and the table, not the Held, knows which grants are current.
+func (sm *sharedMachine) ReleaseStale(rt *rapid.T) {
+	if len(sm.gone) == 0 {
+		return
+	}
+	token := rapid.SampledFrom(sm.gone).Draw(rt, "released")
+	h := sm.waiters[token].Held() // a fresh copy, not the one released
+	released, _ := sm.t.ReleaseByCAS(&h)
+	require.False(rt, released, "a released grant's copy frees nothing by CAS")
+	released, next := sm.t.ReleaseHeld(&h)
+	require.False(rt, released, "a released grant's copy gives nothing back")
+	require.Nil(rt, next)
 }
 
 func (sm *sharedMachine) CancelQueued(rt *rapid.T) {
@@ -273,6 +293,7 @@ func (sm *sharedMachine) Actions() map[string]func(*rapid.T) {
 		"acquire":        sm.Acquire,
 		"try":            sm.TryAcquire,
 		"release":        sm.Release,
+		"release-stale":  sm.ReleaseStale,
 		"cancel-queued":  sm.CancelQueued,
 		"cancel-granted": sm.CancelGranted,
 		"reap":           sm.Reap,
