@@ -252,7 +252,11 @@ func open(ctx context.Context, cfg config) (inspector, error) {
 	case cfg.postgres != "":
 		// WithoutSetup: the command creates nothing; one connection is
 		// all it needs.
-		return pglock.New(ctx, cfg.postgres, pglock.WithoutSetup(), pglock.WithTable(cfg.table), pglock.WithMaxConns(1))
+		p, err := pglock.New(ctx, cfg.postgres, pglock.WithoutSetup(), pglock.WithTable(cfg.table), pglock.WithMaxConns(1))
+		if err != nil {
+			return nil, fmt.Errorf("%w; check --postgres, that the server runs, and that this process can reach it", err)
+		}
+		return p, nil
 	default:
 		client, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(cfg.etcd, ","), DialTimeout: cfg.timeout, Logger: zap.NewNop()})
 		if err != nil {

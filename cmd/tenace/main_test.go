@@ -302,6 +302,7 @@ func TestUnreachableServer(t *testing.T) {
 				require.Empty(t, out)
 				require.Contains(t, errOut, "tenace "+cmd[0]+": ")
 				require.Contains(t, errOut, "refused")
+				require.Contains(t, errOut, "check", "what to do")
 				require.Less(t, took, 4*time.Second)
 			}
 		})

@@ -18,7 +18,9 @@
 // on the server, textContent in the page's script, never innerHTML), a key
 // that is not valid UTF-8 of printable characters is shown quoted as Go's
 // %q quotes it, and the page's Content-Security-Policy runs no script but
-// its own. The JSON gives each key whole, as base64, beside that text.
+// its own. The JSON gives each key and owner as that text, and its exact
+// bytes in base64 (see Snapshot); the tenace command's --json writes the
+// same JSON.
 //
 // A page lists at most the Limit first keys (default 1000) that List
 // returns; it says so when there are more. Give the handler the protection

@@ -293,3 +293,22 @@ func ExampleHandler() {
 	// Output:
 	// invoice:42 held by api-7f9c (nightly-run) exclusive
 }
+
+// The same JSON from a listing of one's own: here a provider's List, as a
+// page of a tool would take it.
+func ExampleNewSnapshot() {
+	p := tenace.NewMemoryLockProvider(tenace.WithOwner("api-7f9c"))
+	defer p.Close()
+	l, _ := p.Acquire(context.Background(), "invoice:\xff", tenace.LockAcquireOptions{})
+	defer l.Release(context.Background())
+
+	page, err := p.List(context.Background(), tenace.ListOptions{Prefix: "invoice:"})
+	if err != nil {
+		panic(err)
+	}
+	snap := lockhttp.NewSnapshot("invoice:", page.Keys, page.Next != "", time.Now())
+	k := snap.Keys[0]
+	fmt.Println(k.Key, k.Quoted, k.Base64, k.Holders[0].Owner)
+	// Output:
+	// "invoice:\xff" true aW52b2ljZTr/ api-7f9c
+}
