@@ -9,8 +9,8 @@
 // locks lists the held keys (those that begin with --prefix), one line a
 // holder: the key, its mode, owner, how long it has been held, its fencing
 // token, how long its grant lasts without a renewal, and how many wait.
-// inspect shows one key: its holders and its waiters. On a terminal the
-// answer is a table; with --json, the JSON of the lockhttp package, the
+// inspect shows one key: its holders and its waiters. The answer is a
+// table; with --json, the JSON of the lockhttp package, the
 // debug page's: locks writes a lockhttp.Snapshot (its "truncated" says
 // that --max cut the listing), inspect a lockhttp.Key. Keys and owners
 // are arbitrary bytes. In the table, a key that is not printable text
@@ -35,8 +35,8 @@
 // and for locks:
 //
 //	--prefix P          only the keys that begin with P
-//	--max N             at most N keys (default 1000); the rest is counted
-//	                    as not shown
+//	--max N             at most N keys (default 1000); the answer says
+//	                    when more are held
 //
 // An unreachable or silent server is an error, never an empty answer: the
 // command says what failed and exits with status 1 within its timeout;
@@ -55,6 +55,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -253,8 +254,12 @@ func open(ctx context.Context, cfg config) (inspector, error) {
 		// WithoutSetup: the command creates nothing; one connection is
 		// all it needs.
 		p, err := pglock.New(ctx, cfg.postgres, pglock.WithoutSetup(), pglock.WithTable(cfg.table), pglock.WithMaxConns(1))
-		if err != nil {
+		var ne net.Error
+		switch {
+		case errors.As(err, &ne) || errors.Is(err, syscall.ECONNREFUSED):
 			return nil, fmt.Errorf("%w; check --postgres, that the server runs, and that this process can reach it", err)
+		case err != nil:
+			return nil, fmt.Errorf("%w; check that --postgres names the database, and --table the table, that your services lock with", err)
 		}
 		return p, nil
 	default:

@@ -309,6 +309,20 @@ func TestUnreachableServer(t *testing.T) {
 	}
 }
 
+// A PostgreSQL database without the table is an error that says what to
+// check, not a connection's advice.
+func TestPostgresWithoutTheTable(t *testing.T) {
+	srv := pgtest.Start(t)
+	for _, args := range [][]string{{"locks"}, {"inspect", "k", "--table", "nope"}} {
+		code, out, errOut := runCmd(append(args, "--postgres", srv.ConnString())...)
+		require.Equal(t, 1, code, "%q", args)
+		require.Empty(t, out)
+		require.Contains(t, errOut, "is missing")
+		require.Contains(t, errOut, "check that --postgres names the database, and --table the table, that your services lock with")
+		require.NotContains(t, errOut, "reach it")
+	}
+}
+
 // A silent server is an error within --timeout.
 func TestSilentServer(t *testing.T) {
 	srv := redistest.Start(t)
