@@ -15,7 +15,8 @@
 // that --max cut the listing), inspect a lockhttp.Key. Keys and owners
 // are arbitrary bytes. In the table, a key that is not printable text
 // without spaces, or an owner that is not printable text, is quoted as a
-// Go string (%q), so that no byte of it reaches the terminal raw. In JSON
+// Go string (%q), so that no byte of it reaches the terminal raw (as is
+// one with a double quote, which could pass for a quoted one). In JSON
 // they follow lockhttp's convention: text (quoted as %q, with a
 // "quoted"/"owner_quoted" flag, when not valid UTF-8 of printable
 // characters) and the exact bytes in base64 ("base64", "owner_base64");
@@ -332,7 +333,10 @@ func showKey(key string) string {
 	return key
 }
 
-// showText is an owner label as showKey shows a key, "-" when empty.
+// showText is an owner label as a person may read it: as it is when it is
+// printable text (spaces included: owners hold them), else quoted as a Go
+// string, as is a label with a double quote (which could pass for a
+// quoted one); "-" when empty.
 func showText(s string) string {
 	if s == "" {
 		return "-"
@@ -341,7 +345,7 @@ func showText(s string) string {
 		return strconv.Quote(s)
 	}
 	for _, r := range s {
-		if !unicode.IsPrint(r) {
+		if !unicode.IsPrint(r) || r == '"' {
 			return strconv.Quote(s)
 		}
 	}

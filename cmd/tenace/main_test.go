@@ -367,7 +367,8 @@ func TestUsage(t *testing.T) {
 	require.Contains(t, errOut, "usage:")
 }
 
-// showKey leaves plain keys as they are and quotes the rest.
+// showKey and showText leave plain keys and owners as they are and quote
+// the rest: no quoted text is taken for another.
 func TestShowKey(t *testing.T) {
 	for in, want := range map[string]string{
 		"jobs/a":   "jobs/a",
@@ -378,6 +379,15 @@ func TestShowKey(t *testing.T) {
 		"":         `""`,
 	} {
 		require.Equal(t, want, showKey(in))
+	}
+	for in, want := range map[string]string{
+		"api-7f9c (nightly)": "api-7f9c (nightly)",
+		"":                   "-",
+		"\xff":               `"\xff"`,
+		"\x1b[31m":           `"\x1b[31m"`,
+		`"\xff"`:             `"\"\\xff\""`,
+	} {
+		require.Equal(t, want, showText(in))
 	}
 }
 
