@@ -161,7 +161,8 @@ type Snapshot struct {
 	Error string `json:"error,omitempty"`
 }
 
-// Key is one held key of a Snapshot.
+// Key is one held key of a Snapshot; the tenace command's inspect --json
+// writes one Key, of a free key too (no holders).
 type Key struct {
 	// Key is the key as text: itself when it is valid UTF-8 of printable
 	// characters, else quoted as Go's %q does (and Quoted is true).
@@ -172,7 +173,7 @@ type Key struct {
 	// Holders are its grants.
 	Holders []Holder `json:"holders"`
 	// Waiting is the number of callers waiting; Waiters those the provider
-	// names (owners as text, as Key is).
+	// names (absent when none is named).
 	Waiting int      `json:"waiting"`
 	Waiters []Waiter `json:"waiters,omitempty"`
 	// LongestWaitMS is how long the oldest waiter has waited, in
