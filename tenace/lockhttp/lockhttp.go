@@ -377,6 +377,12 @@ func (k Key) Owners() string {
 	return strings.Join(owners, ", ")
 }
 
+// OwnersQuoted reports whether an owner of Owners is quoted, for the page
+// (which shows quoted text in a colour of its own).
+func (k Key) OwnersQuoted() bool {
+	return slices.ContainsFunc(k.Holders, func(h Holder) bool { return h.OwnerQuoted })
+}
+
 // Age is HeldMS as a duration, for the page.
 func (k Key) Age() string { return formatMS(k.HeldMS) }
 

@@ -150,6 +150,11 @@ func TestJSONHostileOwners(t *testing.T) {
 	require.Equal(t, `"api\xff"`, plain.Owner)
 	require.True(t, plain.OwnerQuoted)
 	require.NotContains(t, rec.Body.String(), `"owner_quoted": false`, "absent when false")
+
+	// The page shows a quoted owner in the colour of quoted text, as a key.
+	html := get(t, lockhttp.Handler(p), "/").Body.String()
+	require.Contains(t, html, `<td class="quoted">&#34;api\xff (\x1b[31m)&#34;</td>`)
+	require.Contains(t, html, `h.owner_quoted) ? "quoted"`, "and so does its script")
 }
 
 // The HTML escapes every key and owner: no markup from a key reaches the
