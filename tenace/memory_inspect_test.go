@@ -98,6 +98,8 @@ func TestMemoryInspectBadInput(t *testing.T) {
 	cancel()
 	_, err = p.Inspect(ctx, "k")
 	require.ErrorIs(t, err, context.Canceled)
+	_, err = p.List(ctx, tenace.ListOptions{})
+	require.ErrorIs(t, err, context.Canceled)
 	require.Panics(t, func() { tenace.WithOwner("") })
 	d := tenace.NewMemoryLockProvider()
 	defer d.Close()
