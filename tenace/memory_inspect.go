@@ -38,7 +38,8 @@ func (p *MemoryLockProvider) Owner() string {
 // It is one message to the key's shard, answered in its turn after every
 // message sent to it before: read-only, it never grants, releases or
 // queues anything, and the answer is the shard's state at one moment. It
-// returns ctx's error when ctx ends first, ErrProviderClosed after Close,
+// returns ctx's error when ctx ends first (always when it has ended before
+// the call), ErrProviderClosed after Close,
 // and ErrMissingKey for an empty key.
 func (p *MemoryLockProvider) Inspect(ctx context.Context, key string) (KeyInfo, error) {
 	p.mustBeMade("Inspect")
@@ -47,6 +48,10 @@ func (p *MemoryLockProvider) Inspect(ctx context.Context, key string) (KeyInfo, 
 	}
 	if p.closed.Load() {
 		return KeyInfo{}, ErrProviderClosed
+	}
+	if err := ctx.Err(); err != nil {
+		// The shard could answer before its reply's wait sees ctx done.
+		return KeyInfo{}, err
 	}
 	v, ok, err := p.group.For(key).Inspect(ctx, key, namedWaiters)
 	if err != nil {
@@ -89,6 +94,9 @@ func (p *MemoryLockProvider) List(ctx context.Context, opts ListOptions) (ListPa
 	}
 	if p.closed.Load() {
 		return ListPage{}, ErrProviderClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return ListPage{}, err
 	}
 	budget := 4*limit + 64
 	var page ListPage

@@ -2,6 +2,7 @@ package tenace_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"testing/synctest"
@@ -96,6 +97,8 @@ func TestMemoryInspectBadInput(t *testing.T) {
 	ctx, cancel := context.WithCancel(bg)
 	cancel()
 	_, err = p.Inspect(ctx, "k")
+	require.ErrorIs(t, err, context.Canceled)
+	_, err = p.List(ctx, tenace.ListOptions{})
 	require.ErrorIs(t, err, context.Canceled)
 	require.Panics(t, func() { tenace.WithOwner("") })
 	d := tenace.NewMemoryLockProvider()
@@ -192,4 +195,25 @@ func ExampleMemoryLockProvider_List() {
 	fmt.Println("invoices held:", n)
 	// Output:
 	// invoices held: 3
+}
+
+// A refusal names the holder: the owner labels of its provider and of its
+// Lock, and how long it has held the key (under a second here).
+func ExampleLockNotAcquiredError_holder() {
+	ctx := context.Background()
+	p := tenace.NewMemoryLockProvider(tenace.WithOwner("api-7f9c"))
+	defer p.Close()
+	other, _ := p.Acquire(ctx, "invoice:42", tenace.LockAcquireOptions{Owner: "nightly-run"})
+	defer other.Release(ctx)
+
+	pol := tenace.NewPolicy().WithLock(tenace.LockOptions{Provider: p, Timeout: tenace.NoWait})
+	err := pol.Execute(ctx, func(context.Context) error { return nil }, tenace.WithKey("invoice:42"))
+	var refused *tenace.LockNotAcquiredError
+	if errors.As(err, &refused) {
+		fmt.Println(refused.Holder.Owner)
+		fmt.Println(err)
+	}
+	// Output:
+	// api-7f9c (nightly-run)
+	// tenace: lock "invoice:42" not acquired at once (NoWait): held by api-7f9c (nightly-run) for under 1s; retry later, or wait with a LockOptions.Timeout
 }

@@ -13,6 +13,7 @@ require (
 	go.uber.org/zap v1.27.1
 	tenace.dev v0.1.0
 	tenace.dev/tenace/etcdlock v0.1.0
+	tenace.dev/tenace/lockhttp v0.1.0
 	tenace.dev/tenace/pglock v0.1.0
 	tenace.dev/tenace/redislock v0.1.0
 )

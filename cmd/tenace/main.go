@@ -9,11 +9,18 @@
 // locks lists the held keys (those that begin with --prefix), one line a
 // holder: the key, its mode, owner, how long it has been held, its fencing
 // token, how long its grant lasts without a renewal, and how many wait.
-// inspect shows one key: its holders and its waiters. On a terminal the
-// answer is a table; with --json, a JSON document (keys are arbitrary
-// bytes: in the table, a key that is not plain printable text is quoted as
-// a Go string; in JSON, a key that is not valid UTF-8 also comes as
-// key_base64).
+// inspect shows one key: its holders and its waiters. The answer is a
+// table; with --json, the JSON of the lockhttp package, the
+// debug page's: locks writes a lockhttp.Snapshot (its "truncated" says
+// that --max cut the listing), inspect a lockhttp.Key. Keys and owners
+// are arbitrary bytes. In the table, a key that is not printable text
+// without spaces, or an owner that is not printable text, is quoted as a
+// Go string (%q), so that no byte of it reaches the terminal raw (as is
+// one with a double quote, which could pass for a quoted one). In JSON
+// they follow lockhttp's convention: text (quoted as %q, with a
+// "quoted"/"owner_quoted" flag, when not valid UTF-8 of printable
+// characters) and the exact bytes in base64 ("base64", "owner_base64");
+// no byte is lost.
 //
 // Flags, for both commands:
 //
@@ -29,26 +36,31 @@
 // and for locks:
 //
 //	--prefix P          only the keys that begin with P
-//	--max N             at most N keys (default 1000); the rest is counted
-//	                    as not shown
+//	--max N             at most N keys (default 1000); the answer says
+//	                    when more are held
 //
 // An unreachable or silent server is an error, never an empty answer: the
 // command says what failed and exits with status 1 within its timeout;
 // misuse exits with status 2; -h (of the program or of a command) prints
-// the usage and the flags, and exits with status 0.
+// the usage and the flags, and exits with status 0. A reader that leaves
+// before the end of the answer (tenace locks ... | head -1) ends the
+// command as it ends any Go program, quietly: the write to the closed pipe
+// raises SIGPIPE, and the shell sees status 141 (128+SIGPIPE). Any other
+// failed write of the answer is said on stderr, with status 1.
 package main
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 	"unicode"
@@ -60,6 +72,7 @@ import (
 
 	"tenace.dev/tenace"
 	"tenace.dev/tenace/etcdlock"
+	"tenace.dev/tenace/lockhttp"
 	"tenace.dev/tenace/pglock"
 	"tenace.dev/tenace/redislock"
 )
@@ -195,11 +208,13 @@ func inspectKey(ctx context.Context, p inspector, cfg config, key string, stdout
 		fmt.Fprintf(stderr, "tenace inspect: %v\n", explain(err, cfg))
 		return 1
 	}
+	out := &output{w: stdout}
 	if cfg.json {
-		return writeJSON(stdout, stderr, jsonKey(info))
+		writeJSON(out, lockhttp.NewKey(info, time.Now()))
+	} else {
+		writeInspect(out, info, time.Now())
 	}
-	writeInspect(stdout, info, time.Now())
-	return 0
+	return out.status(stderr)
 }
 
 // listLocks writes the keys p holds under cfg.prefix, and returns the exit
@@ -210,15 +225,13 @@ func listLocks(ctx context.Context, p inspector, cfg config, stdout, stderr io.W
 		fmt.Fprintf(stderr, "tenace locks: %v\n", explain(err, cfg))
 		return 1
 	}
+	out := &output{w: stdout}
 	if cfg.json {
-		out := jsonLocks{Keys: make([]jsonKeyInfo, 0, len(keys)), More: more}
-		for _, k := range keys {
-			out.Keys = append(out.Keys, jsonKey(k))
-		}
-		return writeJSON(stdout, stderr, out)
+		writeJSON(out, lockhttp.NewSnapshot(cfg.prefix, keys, more, time.Now()))
+	} else {
+		writeLocks(out, keys, more, time.Now())
 	}
-	writeLocks(stdout, keys, more, time.Now())
-	return 0
+	return out.status(stderr)
 }
 
 func btoi(b bool) int {
@@ -241,7 +254,15 @@ func open(ctx context.Context, cfg config) (inspector, error) {
 	case cfg.postgres != "":
 		// WithoutSetup: the command creates nothing; one connection is
 		// all it needs.
-		return pglock.New(ctx, cfg.postgres, pglock.WithoutSetup(), pglock.WithTable(cfg.table), pglock.WithMaxConns(1))
+		p, err := pglock.New(ctx, cfg.postgres, pglock.WithoutSetup(), pglock.WithTable(cfg.table), pglock.WithMaxConns(1))
+		var ne net.Error
+		switch {
+		case errors.As(err, &ne) || errors.Is(err, syscall.ECONNREFUSED):
+			return nil, fmt.Errorf("%w; check --postgres, that the server runs, and that this process can reach it", err)
+		case err != nil:
+			return nil, fmt.Errorf("%w; check that --postgres names the database, and --table the table, that your services lock with", err)
+		}
+		return p, nil
 	default:
 		client, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(cfg.etcd, ","), DialTimeout: cfg.timeout, Logger: zap.NewNop()})
 		if err != nil {
@@ -312,7 +333,10 @@ func showKey(key string) string {
 	return key
 }
 
-// showText is an owner label as showKey shows a key, "-" when empty.
+// showText is an owner label as a person may read it: as it is when it is
+// printable text (spaces included: owners hold them), else quoted as a Go
+// string, as is a label with a double quote (which could pass for a
+// quoted one); "-" when empty.
 func showText(s string) string {
 	if s == "" {
 		return "-"
@@ -321,7 +345,7 @@ func showText(s string) string {
 		return strconv.Quote(s)
 	}
 	for _, r := range s {
-		if !unicode.IsPrint(r) {
+		if !unicode.IsPrint(r) || r == '"' {
 			return strconv.Quote(s)
 		}
 	}
@@ -442,62 +466,42 @@ func writeInspect(w io.Writer, k tenace.KeyInfo, now time.Time) {
 	}
 }
 
-// The JSON the command writes: times in RFC 3339, durations in ms.
-type (
-	jsonLocks struct {
-		Keys []jsonKeyInfo `json:"keys"`
-		More bool          `json:"more"` // cut short by --max
-	}
-	jsonKeyInfo struct {
-		Key         string       `json:"key"`
-		KeyBase64   string       `json:"key_base64,omitempty"` // the exact bytes, when key is not valid UTF-8
-		Holders     []jsonHolder `json:"holders"`
-		Waiting     int          `json:"waiting"`
-		Waiters     []jsonWaiter `json:"waiters"`
-		LongestWait int64        `json:"longest_wait_ms"`
-	}
-	jsonHolder struct {
-		Owner   string     `json:"owner"`
-		Shared  bool       `json:"shared"`
-		Permits int        `json:"permits"`
-		Token   uint64     `json:"token"`
-		Since   *time.Time `json:"since"`
-		Expires *time.Time `json:"expires"`
-	}
-	jsonWaiter struct {
-		Owner  string     `json:"owner"`
-		Shared bool       `json:"shared"`
-		Since  *time.Time `json:"since"`
-	}
-)
-
-func timeOrNil(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
-	}
-	return &t
-}
-
-func jsonKey(k tenace.KeyInfo) jsonKeyInfo {
-	out := jsonKeyInfo{Key: k.Key, Holders: []jsonHolder{}, Waiters: []jsonWaiter{}, Waiting: k.Waiting, LongestWait: k.LongestWait.Milliseconds()}
-	if !utf8.ValidString(k.Key) {
-		out.KeyBase64 = base64.StdEncoding.EncodeToString([]byte(k.Key))
-	}
-	for _, h := range k.Holders {
-		out.Holders = append(out.Holders, jsonHolder{Owner: h.Owner, Shared: h.Shared, Permits: h.Permits, Token: h.Token, Since: timeOrNil(h.Since), Expires: timeOrNil(h.Expires)})
-	}
-	for _, w := range k.Waiters {
-		out.Waiters = append(out.Waiters, jsonWaiter{Owner: w.Owner, Shared: w.Shared, Since: timeOrNil(w.Since)})
-	}
-	return out
-}
-
-func writeJSON(stdout, stderr io.Writer, v any) int {
-	enc := json.NewEncoder(stdout)
+// writeJSON writes v as lockhttp writes its JSON.
+func writeJSON(w io.Writer, v any) {
+	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(v); err != nil {
-		fmt.Fprintf(stderr, "tenace: writing JSON: %v\n", err)
+	_ = enc.Encode(v) // a write error is kept by output
+}
+
+// output is the command's standard output: it keeps the first error a
+// write returns, and writes nothing after it.
+type output struct {
+	w   io.Writer
+	err error
+}
+
+func (o *output) Write(p []byte) (int, error) {
+	if o.err != nil {
+		return 0, o.err
+	}
+	n, err := o.w.Write(p)
+	if err != nil {
+		o.err = err
+	}
+	return n, err
+}
+
+// status is the exit status once the answer is written to out: 0, or 1
+// when a write failed, said on stderr unless the reader left (EPIPE: the
+// reader of a pipe such as "tenace locks | head -1" has all it wants).
+func (o *output) status(stderr io.Writer) int {
+	switch {
+	case o.err == nil:
+		return 0
+	case errors.Is(o.err, syscall.EPIPE):
+		return 1
+	default:
+		fmt.Fprintf(stderr, "tenace: writing the answer: %v\n", o.err)
 		return 1
 	}
-	return 0
 }

@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -53,7 +54,13 @@ type Member struct {
 	cmd       *exec.Cmd
 	done      chan error
 	paused    bool
+
+	logMu sync.Mutex
+	logs  []string // its last logLines lines, for report
 }
+
+// logLines is how many of a member's last log lines a failed test shows.
+const logLines = 30
 
 // Cluster is a running etcd cluster of one or more members.
 type Cluster struct {
@@ -95,7 +102,12 @@ func StartN(tb testing.TB, n int) *Cluster {
 	c, err := newCluster(n, tb.TempDir())
 	if c != nil {
 		c.tb = tb
-		tb.Cleanup(c.Stop)
+		tb.Cleanup(func() {
+			if tb.Failed() {
+				c.report()
+			}
+			c.Stop()
+		})
 	}
 	Require(tb, err)
 	return c
@@ -246,10 +258,42 @@ func (m *Member) spawn() (<-chan struct{}, error) {
 		m.cmd = nil
 		return nil, fmt.Errorf("etcdtest: starting etcd: %w", err)
 	}
-	ready, done := serverproc.Watch(m.cmd, out, readyLine, nil)
+	m.logMu.Lock()
+	m.logs = m.logs[:0]
+	m.logMu.Unlock()
+	ready, done := serverproc.Watch(m.cmd, out, readyLine, func(line string) {
+		m.logMu.Lock()
+		defer m.logMu.Unlock()
+		if len(m.logs) == logLines {
+			m.logs = append(m.logs[:0], m.logs[1:]...)
+		}
+		m.logs = append(m.logs, line)
+	})
 	m.done = done
 	m.paused = false
 	return ready, nil
+}
+
+// report logs, for a failed test, each member's state, and the last lines
+// of a member that exited while it was to run: a client's "connection
+// refused" from a member then says why.
+func (c *Cluster) report() {
+	for _, m := range c.Members {
+		if m.cmd == nil {
+			c.tb.Logf("etcdtest: member %s (%s) was stopped by the test", m.Name, m.ClientURL)
+			continue
+		}
+		select {
+		case err := <-m.done:
+			m.done <- err // for Stop
+			m.logMu.Lock()
+			c.tb.Logf("etcdtest: member %s (%s) exited while it was to run: %v; its last log lines:\n%s",
+				m.Name, m.ClientURL, err, strings.Join(m.logs, "\n"))
+			m.logMu.Unlock()
+		default:
+			c.tb.Logf("etcdtest: member %s (%s) runs (pid %d, paused %v)", m.Name, m.ClientURL, m.cmd.Process.Pid, m.paused)
+		}
+	}
 }
 
 // Stop stops every member (resuming paused ones first); it is idempotent.

@@ -86,8 +86,9 @@ func TestPageInABrowser(t *testing.T) {
 	for _, k := range hostileKeys {
 		defer hold(t, p, k, tenace.LockAcquireOptions{Owner: "<b>bold</b>"}).Release(bg)
 	}
-	for _, k := range []string{"exports/acme", "exports/zeta"} {
-		defer hold(t, p, k, tenace.LockAcquireOptions{Shared: true, Permits: 5, Owner: "export"}).Release(bg)
+	// The second with a label that is not UTF-8: shown quoted.
+	for k, owner := range map[string]string{"exports/acme": "export", "exports/zeta": "export\xff"} {
+		defer hold(t, p, k, tenace.LockAcquireOptions{Shared: true, Permits: 5, Owner: owner}).Release(bg)
 	}
 	// Two callers wait for orders/1.
 	wctx, cancelWaiters := context.WithCancel(bg)
@@ -136,6 +137,10 @@ func TestPageInABrowser(t *testing.T) {
 	require.Equal(t, "exclusive", byKey["orders/1"][2])
 	require.Equal(t, "2", byKey["orders/1"][4], "two waiting")
 	require.Equal(t, "shared (1 of 5)", byKey["exports/acme"][2])
+	require.Equal(t, `"api-7f9c/pid 4127 (export\xff)"`, byKey["exports/zeta"][1], "an owner that is not UTF-8, quoted")
+	classes, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll("#keys tbody tr")).filter(tr => tr.cells[0].textContent.startsWith("exports/")).map(tr => tr.cells[1].className)`))
+	require.NoError(t, err)
+	require.Equal(t, []string{"", "quoted"}, classes, "a quoted owner in the colour of quoted text")
 	for _, k := range hostileKeys {
 		text, _ := lockhttp.Text(k)
 		require.Contains(t, byKey, text, "hostile key %q shown as the text %q", k, text)

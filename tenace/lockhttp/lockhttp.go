@@ -18,7 +18,9 @@
 // on the server, textContent in the page's script, never innerHTML), a key
 // that is not valid UTF-8 of printable characters is shown quoted as Go's
 // %q quotes it, and the page's Content-Security-Policy runs no script but
-// its own. The JSON gives each key whole, as base64, beside that text.
+// its own. The JSON gives each key and owner as that text, and its exact
+// bytes in base64 (see Snapshot); the tenace command's --json writes the
+// same JSON.
 //
 // A page lists at most the Limit first keys (default 1000) that List
 // returns; it says so when there are more. Give the handler the protection
@@ -31,8 +33,10 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"html/template"
 	"net/http"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -95,10 +99,17 @@ func WithTimeout(d time.Duration) Option {
 }
 
 // Handler returns the page and the JSON of inspector's held keys (see the
-// package documentation). It panics if inspector is nil.
+// package documentation).
+//
+// It panics if inspector is nil, or is a nil pointer (or other nil value)
+// of a type that implements tenace.Inspector, such as a
+// (*tenace.MemoryLockProvider)(nil) left by a provider never constructed:
+// that is a mistake in the program, said where it is made, as
+// http.Handle says it of a nil handler, rather than a panic on the first
+// request.
 func Handler(inspector tenace.Inspector, opts ...Option) http.Handler {
-	if inspector == nil {
-		panic("tenace: lockhttp.Handler: nil inspector; pass a tenace.Inspector, such as a *tenace.MemoryLockProvider")
+	if isNil(inspector) {
+		panic(fmt.Sprintf("tenace: lockhttp.Handler: nil inspector (%T); pass a constructed tenace.Inspector, such as a *tenace.MemoryLockProvider from tenace.NewMemoryLockProvider", inspector))
 	}
 	cfg := config{refresh: DefaultRefresh, limit: DefaultLimit, timeout: DefaultTimeout}
 	for _, o := range opts {
@@ -107,12 +118,36 @@ func Handler(inspector tenace.Inspector, opts ...Option) http.Handler {
 	return &handler{inspector: inspector, cfg: cfg}
 }
 
+// isNil reports whether v is nil, or a nil pointer, map, slice, func or
+// channel in an interface.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return rv.IsNil()
+	}
+	return false
+}
+
 type handler struct {
 	inspector tenace.Inspector
 	cfg       config
 }
 
 // Snapshot is the JSON the handler serves: the held keys at one moment.
+// The tenace command's locks --json writes the same document, and its
+// inspect --json one Key.
+//
+// Keys and owners are arbitrary bytes, and JSON strings are UTF-8: each
+// comes as text, itself when it is valid UTF-8 of printable characters,
+// else quoted as Go's %q quotes it (see Text) with a flag that says so
+// (Key.Quoted, Holder.OwnerQuoted, Waiter.OwnerQuoted); strconv.Unquote
+// of a quoted text gives the bytes back. The exact bytes also come in
+// base64 (standard encoding): always for a key (Key.Base64), for an owner
+// when its text is quoted (OwnerBase64). No byte is ever replaced by
+// U+FFFD.
 type Snapshot struct {
 	// At is when the listing was taken.
 	At time.Time `json:"at"`
@@ -126,7 +161,8 @@ type Snapshot struct {
 	Error string `json:"error,omitempty"`
 }
 
-// Key is one held key of a Snapshot.
+// Key is one held key of a Snapshot; the tenace command's inspect --json
+// writes one Key, of a free key too (no holders).
 type Key struct {
 	// Key is the key as text: itself when it is valid UTF-8 of printable
 	// characters, else quoted as Go's %q does (and Quoted is true).
@@ -137,7 +173,7 @@ type Key struct {
 	// Holders are its grants.
 	Holders []Holder `json:"holders"`
 	// Waiting is the number of callers waiting; Waiters those the provider
-	// names (owners as text, as Key is).
+	// names (absent when none is named).
 	Waiting int      `json:"waiting"`
 	Waiters []Waiter `json:"waiters,omitempty"`
 	// LongestWaitMS is how long the oldest waiter has waited, in
@@ -148,21 +184,35 @@ type Key struct {
 	HeldMS int64 `json:"held_ms"`
 }
 
-// Holder is one grant of a Key.
+// Holder is one grant of a Key: tenace.HolderInfo as JSON.
 type Holder struct {
-	Owner   string     `json:"owner"`
-	Shared  bool       `json:"shared"`
-	Permits int        `json:"permits,omitempty"`
-	Token   uint64     `json:"token,omitempty"`
+	// Owner is the holder's owner as text, as Key.Key is the key's: quoted
+	// (and OwnerQuoted true) when it is not valid UTF-8 of printable
+	// characters; then OwnerBase64 is its exact bytes.
+	Owner       string `json:"owner"`
+	OwnerQuoted bool   `json:"owner_quoted,omitempty"`
+	OwnerBase64 string `json:"owner_base64,omitempty"`
+	// Shared, Permits and Token are the grant's mode, permit count (shared
+	// grants) and fencing token (absent when 0).
+	Shared  bool   `json:"shared"`
+	Permits int    `json:"permits,omitempty"`
+	Token   uint64 `json:"token,omitempty"`
+	// Since is when the key was granted, Expires when the grant ends
+	// unless renewed (RFC 3339); absent when unknown or never.
 	Since   *time.Time `json:"since,omitempty"`
 	Expires *time.Time `json:"expires,omitempty"`
 }
 
-// Waiter is one named waiter of a Key.
+// Waiter is one named waiter of a Key: tenace.WaiterInfo as JSON, its
+// owner given as Holder gives one.
 type Waiter struct {
-	Owner  string     `json:"owner"`
-	Shared bool       `json:"shared"`
-	Since  *time.Time `json:"since,omitempty"`
+	Owner       string `json:"owner"`
+	OwnerQuoted bool   `json:"owner_quoted,omitempty"`
+	OwnerBase64 string `json:"owner_base64,omitempty"`
+	// Shared is true for a waiter that waits to take the key shared.
+	Shared bool `json:"shared"`
+	// Since is when it began to wait; absent when unknown.
+	Since *time.Time `json:"since,omitempty"`
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -199,15 +249,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (h *handler) snapshot(ctx context.Context, prefix string) Snapshot {
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.timeout)
 	defer cancel()
-	snap := Snapshot{Prefix: prefix, Keys: []Key{}}
 	var infos []tenace.KeyInfo
 	cursor := ""
 	for {
 		page, err := h.inspector.List(ctx, tenace.ListOptions{Prefix: prefix, Cursor: cursor, Limit: min(h.cfg.limit-len(infos)+1, 1000)})
 		if err != nil {
-			snap.At = time.Now()
-			snap.Error = err.Error()
-			return snap
+			return Snapshot{At: time.Now(), Prefix: prefix, Keys: []Key{}, Error: err.Error()}
 		}
 		infos = append(infos, page.Keys...)
 		if page.Next == "" {
@@ -218,26 +265,42 @@ func (h *handler) snapshot(ctx context.Context, prefix string) Snapshot {
 		}
 		cursor = page.Next
 	}
-	snap.At = time.Now()
-	slices.SortFunc(infos, func(a, b tenace.KeyInfo) int { return strings.Compare(a.Key, b.Key) })
+	slices.SortFunc(infos, byKey)
 	if len(infos) > h.cfg.limit {
-		infos, snap.Truncated = infos[:h.cfg.limit], true
+		return NewSnapshot(prefix, infos[:h.cfg.limit], true, time.Now())
 	}
-	for _, k := range infos {
-		snap.Keys = append(snap.Keys, toKey(k, snap.At))
+	return NewSnapshot(prefix, infos, false, time.Now())
+}
+
+// NewSnapshot returns the Snapshot of keys (sorted by key in it) listed
+// under prefix at the moment at; truncated says more keys are held than
+// keys holds. It is what the handler serves, for a program of your own
+// that lists keys another way and writes the same JSON (the tenace
+// command does).
+func NewSnapshot(prefix string, keys []tenace.KeyInfo, truncated bool, at time.Time) Snapshot {
+	snap := Snapshot{At: at, Prefix: prefix, Keys: make([]Key, 0, len(keys)), Truncated: truncated}
+	if !slices.IsSortedFunc(keys, byKey) {
+		keys = slices.SortedFunc(slices.Values(keys), byKey)
+	}
+	for _, k := range keys {
+		snap.Keys = append(snap.Keys, NewKey(k, at))
 	}
 	return snap
 }
 
-// toKey turns a provider's KeyInfo into the page's Key, at now.
-func toKey(k tenace.KeyInfo, now time.Time) Key {
+func byKey(a, b tenace.KeyInfo) int { return strings.Compare(a.Key, b.Key) }
+
+// NewKey returns the Key of a Snapshot that says what k says, at the
+// moment now (from which HeldMS is counted).
+func NewKey(k tenace.KeyInfo, now time.Time) Key {
 	text, quoted := Text(k.Key)
 	out := Key{Key: text, Quoted: quoted, Base64: base64.StdEncoding.EncodeToString([]byte(k.Key)),
 		Holders: []Holder{}, Waiting: k.Waiting, LongestWaitMS: k.LongestWait.Milliseconds()}
 	var oldest time.Time
 	for _, h := range k.Holders {
-		owner, _ := Text(h.Owner)
-		out.Holders = append(out.Holders, Holder{Owner: owner, Shared: h.Shared, Permits: h.Permits, Token: h.Token, Since: timePtr(h.Since), Expires: timePtr(h.Expires)})
+		owner, quoted, raw := ownerText(h.Owner)
+		out.Holders = append(out.Holders, Holder{Owner: owner, OwnerQuoted: quoted, OwnerBase64: raw,
+			Shared: h.Shared, Permits: h.Permits, Token: h.Token, Since: timePtr(h.Since), Expires: timePtr(h.Expires)})
 		if !h.Since.IsZero() && (oldest.IsZero() || h.Since.Before(oldest)) {
 			oldest = h.Since
 		}
@@ -246,10 +309,20 @@ func toKey(k tenace.KeyInfo, now time.Time) Key {
 		out.HeldMS = max(now.Sub(oldest), 0).Milliseconds()
 	}
 	for _, w := range k.Waiters {
-		owner, _ := Text(w.Owner)
-		out.Waiters = append(out.Waiters, Waiter{Owner: owner, Shared: w.Shared, Since: timePtr(w.Since)})
+		owner, quoted, raw := ownerText(w.Owner)
+		out.Waiters = append(out.Waiters, Waiter{Owner: owner, OwnerQuoted: quoted, OwnerBase64: raw, Shared: w.Shared, Since: timePtr(w.Since)})
 	}
 	return out
+}
+
+// ownerText is an owner as the JSON gives it: its text, whether the text
+// is quoted, and then its exact bytes in base64.
+func ownerText(owner string) (text string, quoted bool, b64 string) {
+	text, quoted = Text(owner)
+	if quoted {
+		b64 = base64.StdEncoding.EncodeToString([]byte(owner))
+	}
+	return text, quoted, b64
 }
 
 func timePtr(t time.Time) *time.Time {
@@ -302,6 +375,12 @@ func (k Key) Owners() string {
 		owners[i] = h.Owner
 	}
 	return strings.Join(owners, ", ")
+}
+
+// OwnersQuoted reports whether an owner of Owners is quoted, for the page
+// (which shows quoted text in a colour of its own).
+func (k Key) OwnersQuoted() bool {
+	return slices.ContainsFunc(k.Holders, func(h Holder) bool { return h.OwnerQuoted })
 }
 
 // Age is HeldMS as a duration, for the page.

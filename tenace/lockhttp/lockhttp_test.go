@@ -127,6 +127,36 @@ func TestJSONHostileKeys(t *testing.T) {
 	require.Equal(t, "<script>alert(1)</script>", byKey["<script>alert(1)</script>"].Key, "valid text is shown as it is, as text")
 }
 
+// An owner is text as a key is: quoted when it is not valid UTF-8 of
+// printable characters, then also given whole in base64; never U+FFFD.
+func TestJSONHostileOwners(t *testing.T) {
+	p := tenace.NewMemoryLockProvider(tenace.WithOwner("api\xff"))
+	defer p.Close()
+	defer hold(t, p, "k", tenace.LockAcquireOptions{Owner: "\x1b[31m"}).Release(bg)
+	defer hold(t, p, "plain", tenace.LockAcquireOptions{}).Release(bg)
+	rec := get(t, lockhttp.Handler(p), "/json")
+	require.NotContains(t, rec.Body.String(), `\ufffd`)
+	require.NotContains(t, rec.Body.String(), "\ufffd")
+	var s lockhttp.Snapshot
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &s))
+	require.Len(t, s.Keys, 2)
+	h := s.Keys[0].Holders[0]
+	require.Equal(t, `"api\xff (\x1b[31m)"`, h.Owner)
+	require.True(t, h.OwnerQuoted)
+	raw, err := base64.StdEncoding.DecodeString(h.OwnerBase64)
+	require.NoError(t, err)
+	require.Equal(t, "api\xff (\x1b[31m)", string(raw))
+	plain := s.Keys[1].Holders[0]
+	require.Equal(t, `"api\xff"`, plain.Owner)
+	require.True(t, plain.OwnerQuoted)
+	require.NotContains(t, rec.Body.String(), `"owner_quoted": false`, "absent when false")
+
+	// The page shows a quoted owner in the colour of quoted text, as a key.
+	html := get(t, lockhttp.Handler(p), "/").Body.String()
+	require.Contains(t, html, `<td class="quoted">&#34;api\xff (\x1b[31m)&#34;</td>`)
+	require.Contains(t, html, `h.owner_quoted) ? "quoted"`, "and so does its script")
+}
+
 // The HTML escapes every key and owner: no markup from a key reaches the
 // page, and the page runs only its own script (its CSP says so).
 func TestHTMLEscapesKeysAndOwners(t *testing.T) {
@@ -223,8 +253,25 @@ func TestLimit(t *testing.T) {
 	require.Len(t, s.Keys, 5)
 	require.Panics(t, func() { lockhttp.WithLimit(0) })
 	require.Panics(t, func() { lockhttp.WithRefresh(-1) })
-	require.Panics(t, func() { lockhttp.Handler(nil) })
 }
+
+// A nil inspector, or a nil pointer of a provider type, is a mistake in the
+// program: Handler says so at once, not the first request.
+func TestHandlerNilInspector(t *testing.T) {
+	require.PanicsWithValue(t,
+		"tenace: lockhttp.Handler: nil inspector (<nil>); pass a constructed tenace.Inspector, such as a *tenace.MemoryLockProvider from tenace.NewMemoryLockProvider",
+		func() { lockhttp.Handler(nil) })
+	var p *tenace.MemoryLockProvider
+	require.PanicsWithValue(t,
+		"tenace: lockhttp.Handler: nil inspector (*tenace.MemoryLockProvider); pass a constructed tenace.Inspector, such as a *tenace.MemoryLockProvider from tenace.NewMemoryLockProvider",
+		func() { lockhttp.Handler(p) })
+	var f *failingPtr
+	require.Panics(t, func() { lockhttp.Handler(f) })
+	// A value type whose zero value is usable is not nil.
+	require.NotPanics(t, func() { lockhttp.Handler(failing{}) })
+}
+
+type failingPtr struct{ failing }
 
 // Mounted beside net/http/pprof, under a prefix.
 func ExampleHandler() {
@@ -250,4 +297,23 @@ func ExampleHandler() {
 	}
 	// Output:
 	// invoice:42 held by api-7f9c (nightly-run) exclusive
+}
+
+// The same JSON from a listing of one's own: here a provider's List, as a
+// page of a tool would take it.
+func ExampleNewSnapshot() {
+	p := tenace.NewMemoryLockProvider(tenace.WithOwner("api-7f9c"))
+	defer p.Close()
+	l, _ := p.Acquire(context.Background(), "invoice:\xff", tenace.LockAcquireOptions{})
+	defer l.Release(context.Background())
+
+	page, err := p.List(context.Background(), tenace.ListOptions{Prefix: "invoice:"})
+	if err != nil {
+		panic(err)
+	}
+	snap := lockhttp.NewSnapshot("invoice:", page.Keys, page.Next != "", time.Now())
+	k := snap.Keys[0]
+	fmt.Println(k.Key, k.Quoted, k.Base64, k.Holders[0].Owner)
+	// Output:
+	// "invoice:\xff" true aW52b2ljZTr/ api-7f9c
 }

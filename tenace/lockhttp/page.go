@@ -39,7 +39,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 <th data-col="key">Key</th><th data-col="owner">Owner</th><th data-col="mode">Mode</th>
 <th data-col="age">Held for</th><th data-col="waiting">Waiting</th><th data-col="wait">Longest wait</th>
 </tr></thead>
-<tbody>{{range .Keys}}<tr><td class="key{{if .Quoted}} quoted{{end}}">{{.Key}}</td><td>{{.Owners}}</td><td>{{.Mode}}</td><td class="num">{{.Age}}</td><td class="num">{{.Waiting}}</td><td class="num">{{.LongestWait}}</td></tr>{{else}}<tr><td class="empty" colspan="6">{{if .Error}}unknown: no answer from the provider{{else}}no key is held{{end}}</td></tr>{{end}}</tbody>
+<tbody>{{range .Keys}}<tr><td class="key{{if .Quoted}} quoted{{end}}">{{.Key}}</td><td{{if .OwnersQuoted}} class="quoted"{{end}}>{{.Owners}}</td><td>{{.Mode}}</td><td class="num">{{.Age}}</td><td class="num">{{.Waiting}}</td><td class="num">{{.LongestWait}}</td></tr>{{else}}<tr><td class="empty" colspan="6">{{if .Error}}unknown: no answer from the provider{{else}}no key is held{{end}}</td></tr>{{end}}</tbody>
 </table>
 <script nonce="{{.Nonce}}">
 "use strict";
@@ -86,7 +86,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
     for (const k of keys.slice().sort(cmp)) {
       const tr = document.createElement("tr");
       cell(tr, k.key, k.quoted ? "key quoted" : "key");
-      cell(tr, owners(k));
+      cell(tr, owners(k), k.holders.some(h => h.owner_quoted) ? "quoted" : "");
       cell(tr, mode(k));
       cell(tr, fmt(k.held_ms), "num");
       cell(tr, String(k.waiting), "num");
