@@ -53,20 +53,6 @@ func (p *Provider) ownerOf(label string) any {
 	return p.owner + " (" + label + ")"
 }
 
-// int64s converts the integer reply of a script (the first elements of the
-// acquire script's) as go-redis's Int64Slice does.
-func int64s(res []any) ([]int64, error) {
-	out := make([]int64, len(res))
-	for i, v := range res {
-		n, ok := v.(int64)
-		if !ok {
-			return nil, fmt.Errorf("unexpected script reply %v", res)
-		}
-		out[i] = n
-	}
-	return out, nil
-}
-
 // onHeld calls f with the holder the last refusal named, if it named one.
 func (a *attempt) onHeld(f func(tenace.HolderInfo)) {
 	rec, ok := a.heldBy.(string)

@@ -451,7 +451,14 @@ func (l *lease) releaseCall(ctx context.Context) (int, error) {
 	if a.shared {
 		return sharedReleaseScript.Run(ctx, a.p.client, []string{a.lockKey, a.voidKey(), a.holdersKey()}, l.token, a.channel(), a.p.voidArg).Int()
 	}
-	return releaseScript.Run(ctx, a.p.client, a.keys[:2], l.token, a.channel(), a.p.voidArg).Int()
+	argv := releaseScript.call(2, 3)
+	if a.argv != nil { // the lock's and the void marker's names, boxed by the acquire's call
+		argv = append(argv, a.argv[3], a.argv[4])
+	} else {
+		argv = append(argv, a.lockKey, a.voidKey())
+	}
+	argv = append(argv, l.token, a.channel(), a.p.voidArg)
+	return releaseScript.run(ctx, a.p.client, argv).Int()
 }
 
 // Token is the grant's fencing token (see the package doc).
