@@ -122,6 +122,18 @@ local function owned(mode, us, fence, owner)
 end
 `
 
+// holdsLua is holds(v, token): whether a lock's value v (false: no lock)
+// is token's grant. An exclusive grant's value is its token, a space and
+// its owner record (see parseOwned): one write keeps both, and the scripts
+// that compare a holder's token read the token up to that space. A value
+// that is the token alone is a grant of a version that kept the record
+// apart, in the owners hash (ownersSuffix).
+const holdsLua = `
+local function holds(v, token)
+	return v == token or v and string.sub(v, 1, #token + 1) == token .. ' '
+end
+`
+
 // acquireScript: KEYS[1] the lock, KEYS[2] the void marker of this token,
 // KEYS[3] its fencing counter, KEYS[4] the shared holders, KEYS[5] the
 // writers waiting, KEYS[6] the owners (ownersSuffix); ARGV[1] the token,
@@ -133,9 +145,10 @@ end
 // takes its mark off the writers waiting; a first try has none to take: a
 // copy of it that go-redis sent again after a lost reply, and which marked
 // the first time, leaves its mark to lapse, as a try whose reply was lost
-// does). A grant records its owner (see parseOwned); a refusal returns,
-// fourth, the owner record of the holder it saw (nil when that grant has
-// none). Every name the script reads or writes is a declared key: while a
+// does). A grant records its owner (see parseOwned): an exclusive one in
+// the lock's value, after its token (see holdsLua), a shared one in the
+// owners; a refusal returns, fourth, the owner record of the holder it saw
+// (nil when that grant has none). Every name the script reads or writes is a declared key: while a
 // Cluster migrates the key's slot, Redis redirects the script or asks it
 // to try again by its declared keys only, rather than run it where some of
 // them are already gone (a void marker missing there would let a voided
@@ -172,18 +185,16 @@ var acquireScript = newScript("acquire", acquireLua)
 // acquireLua is acquireScript's source.
 const acquireLua = `
 redis.replicate_commands()
-` + fenceLua + `
+` + fenceLua + holdsLua + `
 local voidKey, fenceKey, holders, writers, owners = KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
+if holds(holder, ARGV[1]) then
 	return {1, tonumber(redis.call('GET', fenceKey) or '0')}
 end
 local shared = ARGV[3] == '1'
 local function grantExclusive(us)
 	local fence = nextFence(fenceKey, us)
-	redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-	redis.call('DEL', owners)
-	redis.call('HSET', owners, ARGV[1], owned('x', us, fence, ARGV[7]))
+	redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. owned('x', us, fence, ARGV[7]), 'PX', ARGV[2])
 	if ARGV[8] == '1' then
 		redis.call('ZREM', writers, ARGV[1])
 	end
@@ -197,7 +208,14 @@ if not holder and not shared then
 end
 ` + sharedOnlyLua + `
 if holder and not isShared(holder) then
-	return {0, redis.call('PTTL', KEYS[1]), 0, redis.call('HGET', owners, holder)}
+	local sp = string.find(holder, ' ', 1, true)
+	local by
+	if sp then
+		by = string.sub(holder, sp + 1)
+	else
+		by = redis.call('HGET', owners, holder)
+	end
+	return {0, redis.call('PTTL', KEYS[1]), 0, by}
 end
 local us = micros()
 local ms = math.floor(us / 1000)
@@ -351,7 +369,6 @@ func (a *attempt) voidKey() string    { return a.names[1] }
 func (a *attempt) fenceKey() string   { return a.names[2] }
 func (a *attempt) holdersKey() string { return a.names[3] }
 func (a *attempt) writersKey() string { return a.names[4] }
-func (a *attempt) ownersKey() string  { return a.names[5] }
 func (a *attempt) channel() string    { return a.names[6] }
 
 // markLife is how long a waiting writer's mark lasts past its last try

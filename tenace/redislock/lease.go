@@ -20,8 +20,8 @@ import (
 // again — finds the marker and reports the release done: 1 if this token's
 // release deleted the lock, 0 if the lock was never deleted by it (expired,
 // or another's).
-var releaseScript = newScript("release", `
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+var releaseScript = newScript("release", holdsLua+`
+if holds(redis.call('GET', KEYS[1]), ARGV[1]) then
 	redis.call('DEL', KEYS[1])
 	redis.call('SET', KEYS[2], 'released', 'PX', ARGV[3])
 	redis.call('PUBLISH', ARGV[2], '1')
@@ -37,8 +37,8 @@ return 0
 // expiry from now, in ms. Extends the lock only if it is still this
 // grant's: a renewal never extends a lock that expired and was taken by
 // someone else, nor one deleted.
-var renewScript = newScript("renew", `
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+var renewScript = newScript("renew", holdsLua+`
+if holds(redis.call('GET', KEYS[1]), ARGV[1]) then
 	redis.call('PEXPIRE', KEYS[1], ARGV[2])
 	return 1
 end

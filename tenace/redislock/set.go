@@ -17,11 +17,11 @@ import (
 
 var _ tenace.MultiLockProvider = (*Provider)(nil)
 
-// setScript: for each key i of the set (1-based), KEYS[4i-3] its lock,
-// KEYS[4i-2] its fencing counter, KEYS[4i-1] the void marker of its token,
-// KEYS[4i] its owners (see ownersSuffix); ARGV[1] the first expiry in ms,
-// ARGV[1+i] key i's token, ARGV[2+n] the grant's owner label. Every name
-// it touches is a declared key (see acquireScript).
+// setScript: for each key i of the set (1-based), KEYS[3i-2] its lock,
+// KEYS[3i-1] its fencing counter, KEYS[3i] the void marker of its token;
+// ARGV[1] the first expiry in ms, ARGV[1+i] key i's token, ARGV[2+n] the
+// grant's owner label, recorded in each lock's value (see holdsLua). Every
+// name it touches is a declared key (see acquireScript).
 //
 // acquireScript for several keys, all or none: {1, fence_1, ..., fence_n}
 // when every key is this set's (granted now, or by an earlier run of the
@@ -34,21 +34,21 @@ var _ tenace.MultiLockProvider = (*Provider)(nil)
 // other.
 var setScript = newScript("acquireSet", `
 redis.replicate_commands()
-`+fenceLua+`
-local n = #KEYS / 4
+`+fenceLua+holdsLua+`
+local n = #KEYS / 3
 local held, minttl, own = {}, nil, {}
 for i = 1, n do
-	local holder = redis.call('GET', KEYS[4*i-3])
+	local holder = redis.call('GET', KEYS[3*i-2])
 	held[i] = 0
-	if holder == ARGV[1+i] then
+	if holds(holder, ARGV[1+i]) then
 		own[i] = true
 	elseif holder then
 		held[i] = 1
-		local ttl = redis.call('PTTL', KEYS[4*i-3])
+		local ttl = redis.call('PTTL', KEYS[3*i-2])
 		if minttl == nil or ttl < minttl then
 			minttl = ttl
 		end
-	elseif redis.call('EXISTS', KEYS[4*i-1]) == 1 then
+	elseif redis.call('EXISTS', KEYS[3*i]) == 1 then
 		return {-1}
 	end
 end
@@ -63,15 +63,15 @@ local us = micros()
 local res = {1}
 for i = 1, n do
 	if own[i] then
-		res[1+i] = tonumber(redis.call('GET', KEYS[4*i-2]) or '0')
+		res[1+i] = tonumber(redis.call('GET', KEYS[3*i-1]) or '0')
 	else
-		local fence = nextFence(KEYS[4*i-2], us)
+		local fence = nextFence(KEYS[3*i-1], us)
 		res[1+i] = fence
-		redis.call('SET', KEYS[4*i-3], ARGV[1+i], 'PX', ARGV[1])
+		local v = ARGV[1+i]
 		if ARGV[2+n] then
-			redis.call('DEL', KEYS[4*i])
-			redis.call('HSET', KEYS[4*i], ARGV[1+i], owned('x', us, fence, ARGV[2+n]))
+			v = v .. ' ' .. owned('x', us, fence, ARGV[2+n])
 		end
+		redis.call('SET', KEYS[3*i-2], v, 'PX', ARGV[1])
 	end
 end
 return res
@@ -234,11 +234,11 @@ func (s *setAttempt) try(ctx context.Context) (reply, error) {
 // tryOn runs the set's script once with ctx and reads its reply.
 func (s *setAttempt) tryOn(ctx context.Context) (reply, error) {
 	n := len(s.parts)
-	keys := make([]string, 0, 4*n)
+	keys := make([]string, 0, 3*n)
 	args := make([]any, 1, 2+n)
 	args[0] = s.parts[0].pxMS
 	for _, a := range s.parts {
-		keys = append(keys, a.lockKey, a.fenceKey(), a.voidKey(), a.ownersKey())
+		keys = append(keys, a.lockKey, a.fenceKey(), a.voidKey())
 		args = append(args, a.token)
 	}
 	args = append(args, s.owner)
