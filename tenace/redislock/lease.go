@@ -112,7 +112,12 @@ const (
 // last expiry the server was told (measured from before that renewal was
 // sent), and reports the lease lost unless a renewal moved expiry on. So a
 // stalled server, or renewals that fail, end the lease a margin before the
-// server can free the key.
+// server can free the key. A lease that is renewed arms lossT when its
+// first renewal fires (renewT always fires before lossAt: see
+// nextRenewal), not at the grant: a lease released before its first
+// renewal, the common case, makes and stops one timer, not two; one
+// that is never renewed (its TTL ends within the first expiry) arms lossT
+// at the grant.
 //
 // Concurrency: the fields above mu are set at the grant and never change;
 // mu guards the rest. It is held across no server call: Release never
@@ -137,7 +142,7 @@ type lease struct {
 	lossAt time.Time   // when the lease is reported lost without a renewal: lossMargin before expiry
 	final  bool        // expiry is the cap's: no renewal goes further
 	renewT *time.Timer // the next renewal; nil if the lease was never to be renewed
-	lossT  *time.Timer // fires at lossAt
+	lossT  *time.Timer // fires at lossAt; nil until the first renewal fires (see above)
 	unsure bool        // a release call failed: it may have deleted the key
 
 	releasing bool          // a Release's call is in flight
@@ -176,8 +181,9 @@ func (p *Provider) newLease(a *attempt, fence uint64, sent time.Time) *lease {
 	if l.a.shared {
 		p.sharedHeld.Add(1)
 	}
-	l.lossT = l.arm(time.Until(l.lossAt), l.lossFired)
-	if !l.final {
+	if l.final {
+		l.lossT = l.arm(time.Until(l.lossAt), l.lossFired)
+	} else {
 		l.renewT = l.arm(l.nextRenewal(), l.renewFired)
 	}
 	return l
@@ -249,6 +255,9 @@ func (l *lease) renew() {
 	if l.state != stateHeld {
 		l.mu.Unlock()
 		return
+	}
+	if l.lossT == nil {
+		l.lossT = l.arm(time.Until(l.lossAt), l.lossFired)
 	}
 	sent := time.Now()
 	// Whole milliseconds, rounded down, as the acquire's first expiry: the
