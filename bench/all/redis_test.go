@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -42,12 +43,19 @@ func (h *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 //	             the time it spent in EVALSHA, from INFO commandstats) and
 //	             this process's (client-µs/op, from getrusage: steadier on
 //	             a loaded machine than ns/op, which is mostly waiting)
+//	uncontended/ratio  tenace-redis and bsm, one op of each in turn per
+//	             iteration (the order alternates): each one's median
+//	             (<impl>-µs) and tenace-redis's ratio to bsm's
+//	             (tenace-redis/bsm), as BenchmarkPostgres's
+//	             uncontended/ratio: ops timed side by side compare on a
+//	             machine whose load swings within seconds
 //	handoff      8 goroutines on one key, each pausing 200µs between its
 //	             operations so that others are always waiting; handoff-µs is
 //	             the mean time from a release to the acquire of a different
 //	             goroutine: the release-message wake-up against polling
 func BenchmarkRedis(b *testing.B) {
 	srv := redistest.Start(b)
+	warmRedis(b, srv.Addr)
 	for _, impl := range redisImpls {
 		b.Run("uncontended/"+impl.name, func(b *testing.B) {
 			c := redis.NewClient(&redis.Options{Addr: srv.Addr})
@@ -77,6 +85,7 @@ func BenchmarkRedis(b *testing.B) {
 			}
 		})
 	}
+	b.Run("uncontended/ratio", func(b *testing.B) { redisRatio(b, srv.Addr) })
 	for _, impl := range redisImpls {
 		b.Run("handoff/"+impl.name, func(b *testing.B) {
 			c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 64})
@@ -87,6 +96,65 @@ func BenchmarkRedis(b *testing.B) {
 		})
 	}
 }
+
+// redisRatio is BenchmarkRedis's uncontended/ratio.
+func redisRatio(b *testing.B, addr string) {
+	ctx := context.Background()
+	var lockers []load.Locker
+	var names []string
+	for _, impl := range redisImpls {
+		if impl.name != "tenace-redis" && impl.name != "bsm" {
+			continue
+		}
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		defer c.Close()
+		l := impl.make(c)
+		defer l.Close()
+		require.NoError(b, l.Do(ctx, "r-"+impl.name, load.Noop))
+		lockers, names = append(lockers, l), append(names, impl.name)
+	}
+	times := make([][]time.Duration, len(lockers))
+	n := 0
+	for b.Loop() {
+		for j := range lockers {
+			i := (j + n) % len(lockers)
+			start := time.Now()
+			if err := lockers[i].Do(ctx, "r-"+names[i], load.Noop); err != nil {
+				b.Fatal(err)
+			}
+			times[i] = append(times[i], time.Since(start))
+		}
+		n++
+	}
+	medians := make([]time.Duration, len(times))
+	for i, ts := range times {
+		slices.Sort(ts)
+		medians[i] = ts[len(ts)/2]
+		b.ReportMetric(float64(medians[i].Nanoseconds())/1e3, names[i]+"-µs")
+	}
+	b.ReportMetric(float64(medians[0])/float64(medians[1]), names[0]+"/"+names[1])
+}
+
+// warmRedis runs redisWarmup acquire+release of each implementation on the
+// fresh server before any is measured, as warmEtcd does: the first moments
+// of a new server and of this process (heaps growing, scripts loaded,
+// connections dialled) would otherwise fall on whichever implementation
+// runs first, tenace-redis.
+func warmRedis(b *testing.B, addr string) {
+	for _, impl := range redisImpls {
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		l := impl.make(c)
+		for range redisWarmup {
+			require.NoError(b, l.Do(context.Background(), "warm-"+impl.name, load.Noop))
+		}
+		l.Close()
+		require.NoError(b, c.Close())
+	}
+}
+
+// redisWarmup is warmRedis's count per implementation (a tenth of a second
+// of each on this host).
+const redisWarmup = 500
 
 // Every Redis peer releases a lock it holds even when the operation's
 // context ends while it holds it (as tenace's Lock step releases, with

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -40,7 +41,11 @@ import (
 // extend(k, px) makes k live at least px ms more; extendTo(k, ms, at)
 // makes k live at least until the absolute time at (ms is now()): never
 // shorter than it was, since ms + PTTL is at or after k's expiry.
-const sharedLua = fenceLua + `
+const sharedLua = fenceLua + sharedOnlyLua
+
+// sharedOnlyLua is sharedLua without fenceLua: the acquire script's own
+// fast path needs fenceLua alone.
+const sharedOnlyLua = `
 local function now()
 	return math.floor(micros() / 1000)
 end
@@ -86,9 +91,17 @@ end
 //
 // The fencing token is max(counter + 1, the server's TIME in µs): strictly
 // above every earlier token of the key while the counter lives, and, after
-// a restart that lost the counter, above every token handed out before,
-// unless the server's clock went back (the counter runs ahead of the clock
-// only while a key is granted more than once a µs).
+// a restart that lost the counter or its last increments (no persistence,
+// or a snapshot older than the last grants), above every token handed out
+// before, unless the server's clock went back: every token is at most the
+// clock's reading when it was handed out (the counter runs ahead of the
+// clock only while a key is granted more than once a µs), so the clock,
+// read at each grant, carries the order across the loss. So TIME is read
+// at every grant, not only when the counter is missing: a counter restored
+// from an old snapshot is there, and behind.
+// The counter is read and written in one command (SET … GET writes the
+// clock's reading and returns the previous token); only when that token
+// is at or past the clock is it written again, as its successor.
 // Lua numbers are doubles, exact below 2^53 (µs since 1970 are about 2^51),
 // and formatted with %.0f, since tostring would round to 14 digits.
 const fenceLua = `
@@ -97,34 +110,50 @@ local function micros()
 	return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local function nextFence(k, us)
-	local fence = us
-	local last = tonumber(redis.call('GET', k) or '0')
-	if last >= fence then
-		fence = last + 1
+	local last = tonumber(redis.call('SET', k, string.format('%.0f', us), 'GET') or '0')
+	if last < us then
+		return us
 	end
-	redis.call('SET', k, string.format('%.0f', fence))
-	return fence
+	redis.call('SET', k, string.format('%.0f', last + 1))
+	return last + 1
 end
 local function owned(mode, us, fence, owner)
 	return mode .. ' ' .. string.format('%.0f', math.floor(us / 1000)) .. ' ' .. string.format('%.0f', fence) .. ' ' .. owner
 end
 `
 
+// holdsLua is holds(v, token): whether a lock's value v (false: no lock)
+// is token's grant. An exclusive grant's value is its token, a space and
+// its owner record (see parseOwned): one write keeps both, and the scripts
+// that compare a holder's token read the token up to that space. A value
+// that is the token alone is a grant of a version that kept the record
+// apart, in the owners hash (ownersSuffix).
+const holdsLua = `
+local function holds(v, token)
+	return v == token or v and string.sub(v, 1, #token + 1) == token .. ' '
+end
+`
+
 // acquireScript: KEYS[1] the lock, KEYS[2] the void marker of this token,
 // KEYS[3] its fencing counter, KEYS[4] the shared holders, KEYS[5] the
-// writers waiting (the owners, ownersSuffix, are named from KEYS[1] in the
-// script: the same hash tag, so the same cluster slot); ARGV[1] the token,
+// writers waiting, KEYS[6] the owners (ownersSuffix); ARGV[1] the token,
 // ARGV[2] the first expiry in ms, ARGV[3] "1" for a shared caller,
 // ARGV[4] its permit count, ARGV[5] the life in ms of an exclusive
 // waiter's mark (0: it does not mark), ARGV[6] a void marker's life in ms,
-// ARGV[7] the grant's owner label. A grant records its owner (see
-// parseOwned); a refusal returns, fourth, the owner record of the holder
-// it saw (nil when that grant has none). Every name the script reads or
-// writes for the lock is a declared key: while a Cluster migrates the
-// key's slot, Redis redirects the script or asks it to try again rather
-// than run it where some of them are already gone (a void marker missing
-// there would let a voided token take the key). The release script takes
-// the first two (attempt.keys).
+// ARGV[7] the grant's owner label, ARGV[8] "1" when an earlier try of the
+// same Acquire may have marked the key (an exclusive caller's grant then
+// takes its mark off the writers waiting; a first try has none to take: a
+// copy of it that go-redis sent again after a lost reply, and which marked
+// the first time, leaves its mark to lapse, as a try whose reply was lost
+// does). A grant records its owner (see parseOwned): an exclusive one in
+// the lock's value, after its token (see holdsLua), a shared one in the
+// owners; a refusal returns, fourth, the owner record of the holder it saw
+// (nil when that grant has none). Every name the script reads or writes is a declared key: while a
+// Cluster migrates the key's slot, Redis redirects the script or asks it
+// to try again by its declared keys only, rather than run it where some of
+// them are already gone (a void marker missing there would let a voided
+// token take the key). The release script takes the first two
+// (attempt.keys).
 //
 // Returns {1, fence} when the key is this token's: granted now, or by an
 // earlier run of the same acquire whose reply was lost (go-redis retries a
@@ -146,21 +175,47 @@ end
 // grant is a member of the holders and a marker, in the token's void
 // marker, that keeps its fencing token for a retry of the same acquire.
 // The fencing token follows fenceLua's rule.
+//
+// The common case comes first and reads only what it needs: an exclusive
+// caller that finds no lock name (so no holder, shared or not: see
+// sharedLua) checks its void marker and is granted, without the holders'
+// functions or reads.
 var acquireScript = newScript("acquire", acquireLua)
 
 // acquireLua is acquireScript's source.
 const acquireLua = `
 redis.replicate_commands()
-` + sharedLua + `
-local voidKey, fenceKey, holders, writers = KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local owners = KEYS[1] .. '` + ownersSuffix + `'
+` + fenceLua + holdsLua + `
+local voidKey, fenceKey, holders, writers, owners = KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
+if holds(holder, ARGV[1]) then
 	return {1, tonumber(redis.call('GET', fenceKey) or '0')}
 end
 local shared = ARGV[3] == '1'
+local function grantExclusive(us)
+	local fence = nextFence(fenceKey, us)
+	redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. owned('x', us, fence, ARGV[7]), 'PX', ARGV[2])
+	if ARGV[8] == '1' then
+		redis.call('ZREM', writers, ARGV[1])
+	end
+	return {1, fence}
+end
+if not holder and not shared then
+	if redis.call('EXISTS', voidKey) == 1 then
+		return {-1, 0}
+	end
+	return grantExclusive(micros())
+end
+` + sharedOnlyLua + `
 if holder and not isShared(holder) then
-	return {0, redis.call('PTTL', KEYS[1]), 0, redis.call('HGET', owners, holder)}
+	local sp = string.find(holder, ' ', 1, true)
+	local by
+	if sp then
+		by = string.sub(holder, sp + 1)
+	else
+		by = redis.call('HGET', owners, holder)
+	end
+	return {0, redis.call('PTTL', KEYS[1]), 0, by}
 end
 local us = micros()
 local ms = math.floor(us / 1000)
@@ -202,14 +257,7 @@ if not shared then
 		local px, by = firstExpiry()
 		return {0, px, 0, by}
 	end
-	local fence = nextFence(fenceKey, us)
-	redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-	redis.call('DEL', owners)
-	redis.call('HSET', owners, ARGV[1], owned('x', us, fence, ARGV[7]))
-	if redis.call('EXISTS', writers) == 1 then
-		redis.call('ZREM', writers, ARGV[1])
-	end
-	return {1, fence}
+	return grantExclusive(us)
 end
 if redis.call('EXISTS', writers) == 1 then
 	prune(writers, ms)
@@ -262,16 +310,15 @@ type attempt struct {
 	owner               any           // the grant's owner: the provider's label, and the caller's (ownerOf)
 	heldBy              any           // the holder's owner record the last refusal returned (see parseOwned); nil: none
 	heldTTL             int64         // with heldBy: the holder's TTL in ms that refusal returned
-	keys                []string      // the acquire script's keys (see acquireScript)
-	args                []any         // its arguments, made by its first run
-	argv                [7]any        // args' array
+	keys                []string      // the acquire script's keys (see acquireScript), in names
+	names               [7]string     // keys, then the release channel
+	argv                []any         // the acquire script's call (see script.call), made by the first try
 }
 
 func (p *Provider) newAttempt(key string, ttl time.Duration) *attempt {
-	var raw [16]byte
-	_, _ = rand.Read(raw[:]) // never fails on supported platforms (crypto/rand panics if it does)
-	a := &attempt{p: p, key: key, lockKey: p.lockName(key), token: hex.EncodeToString(raw[:])}
-	a.keys = []string{a.lockKey, voidKey(a.lockKey, a.token), a.lockKey + fenceSuffix, a.lockKey + holdersSuffix, a.lockKey + writersSuffix}
+	a := &attempt{p: p, key: key}
+	a.setNames(p.lockName(key))
+	a.keys = a.names[:6]
 	// Whole milliseconds, rounded down: the lease never promises more than
 	// the server keeps.
 	a.ttl = ttl.Truncate(time.Millisecond)
@@ -283,12 +330,46 @@ func (p *Provider) newAttempt(key string, ttl time.Duration) *attempt {
 	return a
 }
 
+// setNames draws a's token and sets its names: the lock (lock), the
+// token's void marker, the fencing counter, the shared holders, the
+// writers waiting, the owners, and the release channel (see names), all
+// cut from one string: a name is the lock name and a suffix, so each is a
+// prefix of a stretch of lock name + suffix.
+func (a *attempt) setNames(lock string) {
+	var raw [16]byte
+	var token [32]byte
+	_, _ = rand.Read(raw[:]) // never fails on supported platforms (crypto/rand panics if it does)
+	hex.Encode(token[:], raw[:])
+	suffixes := [...]string{voidSuffix, fenceSuffix, holdersSuffix, writersSuffix, ownersSuffix, channelSuffix}
+	var b strings.Builder
+	b.Grow(len(suffixes)*len(lock) + len(voidSuffix) + len(token) + len(fenceSuffix) + len(holdersSuffix) + len(writersSuffix) + len(ownersSuffix) + len(channelSuffix))
+	for i, suffix := range suffixes {
+		b.WriteString(lock)
+		b.WriteString(suffix)
+		if i == 0 {
+			b.Write(token[:])
+		}
+	}
+	all := b.String()
+	a.lockKey, a.names[0] = all[:len(lock)], all[:len(lock)]
+	at := 0
+	for i, suffix := range suffixes {
+		n := len(lock) + len(suffix)
+		if i == 0 {
+			n += len(token)
+			a.token = all[n-len(token) : n]
+		}
+		a.names[1+i] = all[at : at+n]
+		at += n
+	}
+}
+
 // The names beside the attempt's lock name (see names).
-func (a *attempt) channel() string    { return a.lockKey + channelSuffix }
-func (a *attempt) voidKey() string    { return a.keys[1] }
-func (a *attempt) fenceKey() string   { return a.keys[2] }
-func (a *attempt) holdersKey() string { return a.keys[3] }
-func (a *attempt) writersKey() string { return a.keys[4] }
+func (a *attempt) voidKey() string    { return a.names[1] }
+func (a *attempt) fenceKey() string   { return a.names[2] }
+func (a *attempt) holdersKey() string { return a.names[3] }
+func (a *attempt) writersKey() string { return a.names[4] }
+func (a *attempt) channel() string    { return a.names[6] }
 
 // markLife is how long a waiting writer's mark lasts past its last try
 // (see the package doc, Fairness): three fallback retry intervals, a
@@ -559,15 +640,12 @@ func (a *attempt) tryOn(ctx context.Context) (reply, error) {
 	if err != nil {
 		return reply{}, err
 	}
-	if len(res) < 2 {
-		return reply{}, fmt.Errorf("unexpected script reply %v", res)
-	}
-	a.marked = a.marked || len(res) > 2 && res[2] == 2
+	a.marked = a.marked || res[2] == 2
 	switch res[0] {
 	case 1:
 		return reply{leases: []*lease{a.p.newLease(a, uint64(res[1]), start)}}, nil
 	case 0:
-		return reply{holderTTL: time.Duration(res[1]) * time.Millisecond, writerWaits: len(res) > 2 && res[2] == 1}, nil
+		return reply{holderTTL: time.Duration(res[1]) * time.Millisecond, writerWaits: res[2] == 1}, nil
 	default: // voided: only after Acquire returned, so never seen by a live one
 		return reply{}, errors.New("the acquire was voided")
 	}
@@ -576,14 +654,15 @@ func (a *attempt) tryOn(ctx context.Context) (reply, error) {
 // The claim of one key: see claim.
 func (a *attempt) queueVoid()         { a.p.voids.add(a) }
 func (a *attempt) describe() string   { return keyfmt.Quote(a.key) }
-func (a *attempt) channels() []string { return []string{a.channel()} }
+func (a *attempt) channels() []string { return a.names[6:7] }
 func (a *attempt) exclusive() bool    { return !a.shared }
 
-// run runs the acquire script once and returns its reply.
-// Its keys and arguments are made once, on the first try: a waiter's
-// later tries allocate none.
-func (a *attempt) run(ctx context.Context) ([]int64, error) {
-	if a.args == nil {
+// run runs the acquire script once and returns the integers its reply
+// begins with (the third 0 when the reply has two).
+// Its call is made once, on the first try: a waiter's later tries
+// allocate none.
+func (a *attempt) run(ctx context.Context) ([3]int64, error) {
+	if a.argv == nil {
 		shared := argExclusive
 		if a.shared {
 			shared = argShared
@@ -596,22 +675,39 @@ func (a *attempt) run(ctx context.Context) ([]int64, error) {
 		if a.pxMS != a.p.window.Milliseconds() {
 			px = a.pxMS
 		}
-		a.argv = [7]any{a.token, px, shared, a.permits, mark, a.p.voidArg, a.owner}
-		a.args = a.argv[:]
+		a.argv = acquireScript.call(len(a.keys), 8)
+		for _, k := range a.keys {
+			a.argv = append(a.argv, k)
+		}
+		a.argv = append(a.argv, a.token, px, shared, a.permits, mark, a.p.voidArg, a.owner, argExclusive)
+	} else if a.markMS > 0 {
+		a.argv[len(a.argv)-1] = argShared // "1": an earlier try may have marked
 	}
-	res, err := acquireScript.Run(ctx, a.p.client, a.keys, a.args...).Slice()
+	var out [3]int64
+	res, err := acquireScript.run(ctx, a.p.client, a.argv).Slice()
 	if err != nil {
-		return nil, err
+		return out, err
+	}
+	if len(res) < 2 {
+		return out, fmt.Errorf("unexpected script reply %v", res)
+	}
+	for i, v := range res[:min(len(res), 3)] {
+		n, ok := v.(int64)
+		if !ok {
+			return out, fmt.Errorf("unexpected script reply %v", res)
+		}
+		out[i] = n
 	}
 	a.heldBy = nil
 	if len(res) > 3 {
 		a.heldBy = res[3]
-		a.heldTTL, _ = res[1].(int64)
+		a.heldTTL = out[1]
 	}
-	return int64s(res[:min(len(res), 3)])
+	return out, nil
 }
 
-// The acquire script's mode argument, and a mark life of none, boxed once.
+// The acquire script's mode argument (and its "may have marked" flag), and
+// a mark life of none, boxed once.
 var argExclusive, argShared, argNone any = "0", "1", int64(0)
 
 // dialNow runs the provider's probe (if it has one) for at most probeWait,

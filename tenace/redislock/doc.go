@@ -24,9 +24,10 @@
 // Acquire draws a random token (128 bits from crypto/rand) for the call and
 // runs one Lua script, as often as it tries: if the key holds this token
 // already (an earlier run whose reply was lost), it is granted; if another
-// token holds it, not; if it is free, SET key token PX min(window, TTL) and
-// a new fencing token, max(the key's counter + 1, the server's TIME in µs),
-// stored as the counter. A caller that must wait subscribes to the key's
+// token holds it, not; if it is free, SET key token PX min(window, TTL)
+// (the token followed by the grant's owner record: its owner, since and
+// fencing token, for Inspect) and a new fencing token, max(the key's
+// counter + 1, the server's TIME in µs), stored as the counter. A caller that must wait subscribes to the key's
 // release channel first, then tries again, so no release is missed between
 // the two; each release publishes on that channel, which wakes the provider's oldest
 // waiter of the key to try again at once (one release, one lock: waking

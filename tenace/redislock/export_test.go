@@ -25,8 +25,9 @@ func RunAcquireScript(ctx context.Context, l tenace.LockLease) (int64, error) {
 	return res[0], nil
 }
 
-// RunAcquireScriptReply is RunAcquireScript with the whole reply.
-func RunAcquireScriptReply(ctx context.Context, l tenace.LockLease) ([]int64, error) {
+// RunAcquireScriptReply is RunAcquireScript with the integers the reply
+// begins with (the third 0 when the reply has two).
+func RunAcquireScriptReply(ctx context.Context, l tenace.LockLease) ([3]int64, error) {
 	return l.(*lease).a.run(ctx)
 }
 

@@ -18,14 +18,16 @@ import (
 
 var _ tenace.Inspector = (*Provider)(nil)
 
-// ownersSuffix names the hash, beside a key's lock name, where each grant
-// records its owner: field the grant's token, value its owner record (see
-// parseOwned). The acquire script writes it in the grant's own run; an
-// exclusive grant replaces the whole hash, a shared one adds its field
-// (and sweeps the fields of holders gone once they outnumber the live
-// ones). Like the fencing counter, it is kept after the release (it is
-// small: one field for an exclusive key), and a record counts only while
-// its token holds the key, so Inspect never shows a stale one.
+// ownersSuffix names the hash, beside a key's lock name, where each shared
+// grant records its owner: field the grant's token, value its owner record
+// (see parseOwned). The acquire script writes it in the grant's own run,
+// adding the grant's field (and sweeping the fields of holders gone once
+// they outnumber the live ones). An exclusive grant keeps its record in
+// the lock's own value instead, after its token (see holdsLua): one write
+// per grant; versions before that wrote it here, and Inspect and a
+// refusal still read it here for their grants. Like the fencing counter,
+// the hash is kept after the release (it is small), and a record counts
+// only while its token holds the key, so Inspect never shows a stale one.
 const ownersSuffix = ":owners"
 
 // WithOwner sets the provider's owner label, recorded with every grant it
@@ -51,20 +53,6 @@ func (p *Provider) ownerOf(label string) any {
 		return p.ownerArg
 	}
 	return p.owner + " (" + label + ")"
-}
-
-// int64s converts the integer reply of a script (the first elements of the
-// acquire script's) as go-redis's Int64Slice does.
-func int64s(res []any) ([]int64, error) {
-	out := make([]int64, len(res))
-	for i, v := range res {
-		n, ok := v.(int64)
-		if !ok {
-			return nil, fmt.Errorf("unexpected script reply %v", res)
-		}
-		out[i] = n
-	}
-	return out, nil
 }
 
 // onHeld calls f with the holder the last refusal named, if it named one.
@@ -144,7 +132,14 @@ if v and string.sub(v, 1, 7) == 'shared:' then
 		add(h[i], h[i + 1])
 	end
 elseif v then
-	add(v, false)
+	local sp = string.find(v, ' ', 1, true)
+	if sp then
+		out[n + 1] = string.sub(v, 1, sp - 1)
+		out[n + 2] = false
+		out[n + 3] = string.sub(v, sp + 1)
+	else
+		add(v, false)
+	end
 end
 return out
 `

@@ -20,9 +20,9 @@ import (
 // it, waking its waiters. Marker first, then delete: the order does not
 // matter within a script, and either order of the two scripts on the server
 // leaves the key free.
-var voidScript = newScript("void", `
+var voidScript = newScript("void", holdsLua+`
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+if holds(redis.call('GET', KEYS[1]), ARGV[1]) then
 	redis.call('DEL', KEYS[1])
 	redis.call('PUBLISH', ARGV[2], '1')
 	return 1

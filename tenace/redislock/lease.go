@@ -20,8 +20,8 @@ import (
 // again — finds the marker and reports the release done: 1 if this token's
 // release deleted the lock, 0 if the lock was never deleted by it (expired,
 // or another's).
-var releaseScript = newScript("release", `
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+var releaseScript = newScript("release", holdsLua+`
+if holds(redis.call('GET', KEYS[1]), ARGV[1]) then
 	redis.call('DEL', KEYS[1])
 	redis.call('SET', KEYS[2], 'released', 'PX', ARGV[3])
 	redis.call('PUBLISH', ARGV[2], '1')
@@ -37,8 +37,8 @@ return 0
 // expiry from now, in ms. Extends the lock only if it is still this
 // grant's: a renewal never extends a lock that expired and was taken by
 // someone else, nor one deleted.
-var renewScript = newScript("renew", `
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+var renewScript = newScript("renew", holdsLua+`
+if holds(redis.call('GET', KEYS[1]), ARGV[1]) then
 	redis.call('PEXPIRE', KEYS[1], ARGV[2])
 	return 1
 end
@@ -112,7 +112,12 @@ const (
 // last expiry the server was told (measured from before that renewal was
 // sent), and reports the lease lost unless a renewal moved expiry on. So a
 // stalled server, or renewals that fail, end the lease a margin before the
-// server can free the key.
+// server can free the key. A lease that is renewed arms lossT when its
+// first renewal fires (renewT always fires before lossAt: see
+// nextRenewal), not at the grant: a lease released before its first
+// renewal, the common case, makes and stops one timer, not two; one
+// that is never renewed (its TTL ends within the first expiry) arms lossT
+// at the grant.
 //
 // Concurrency: the fields above mu are set at the grant and never change;
 // mu guards the rest. It is held across no server call: Release never
@@ -137,7 +142,7 @@ type lease struct {
 	lossAt time.Time   // when the lease is reported lost without a renewal: lossMargin before expiry
 	final  bool        // expiry is the cap's: no renewal goes further
 	renewT *time.Timer // the next renewal; nil if the lease was never to be renewed
-	lossT  *time.Timer // fires at lossAt
+	lossT  *time.Timer // fires at lossAt; nil until the first renewal fires (see above)
 	unsure bool        // a release call failed: it may have deleted the key
 
 	releasing bool          // a Release's call is in flight
@@ -176,8 +181,9 @@ func (p *Provider) newLease(a *attempt, fence uint64, sent time.Time) *lease {
 	if l.a.shared {
 		p.sharedHeld.Add(1)
 	}
-	l.lossT = l.arm(time.Until(l.lossAt), l.lossFired)
-	if !l.final {
+	if l.final {
+		l.lossT = l.arm(time.Until(l.lossAt), l.lossFired)
+	} else {
 		l.renewT = l.arm(l.nextRenewal(), l.renewFired)
 	}
 	return l
@@ -249,6 +255,9 @@ func (l *lease) renew() {
 	if l.state != stateHeld {
 		l.mu.Unlock()
 		return
+	}
+	if l.lossT == nil {
+		l.lossT = l.arm(time.Until(l.lossAt), l.lossFired)
 	}
 	sent := time.Now()
 	// Whole milliseconds, rounded down, as the acquire's first expiry: the
@@ -451,7 +460,14 @@ func (l *lease) releaseCall(ctx context.Context) (int, error) {
 	if a.shared {
 		return sharedReleaseScript.Run(ctx, a.p.client, []string{a.lockKey, a.voidKey(), a.holdersKey()}, l.token, a.channel(), a.p.voidArg).Int()
 	}
-	return releaseScript.Run(ctx, a.p.client, a.keys[:2], l.token, a.channel(), a.p.voidArg).Int()
+	argv := releaseScript.call(2, 3)
+	if a.argv != nil { // the lock's and the void marker's names, boxed by the acquire's call
+		argv = append(argv, a.argv[3], a.argv[4])
+	} else {
+		argv = append(argv, a.lockKey, a.voidKey())
+	}
+	argv = append(argv, l.token, a.channel(), a.p.voidArg)
+	return releaseScript.run(ctx, a.p.client, argv).Int()
 }
 
 // Token is the grant's fencing token (see the package doc).

@@ -428,7 +428,3 @@ const (
 	holdersSuffix = ":holders"  // the shared holders
 	writersSuffix = ":writers"  // the writers waiting
 )
-
-// voidKey is the marker that keeps token from ever holding lockKey: see
-// janitor.
-func voidKey(lockKey, token string) string { return lockKey + voidSuffix + token }

@@ -20,8 +20,8 @@ var _ tenace.MultiLockProvider = (*Provider)(nil)
 // setScript: for each key i of the set (1-based), KEYS[3i-2] its lock,
 // KEYS[3i-1] its fencing counter, KEYS[3i] the void marker of its token;
 // ARGV[1] the first expiry in ms, ARGV[1+i] key i's token, ARGV[2+n] the
-// grant's owner label (see ownersSuffix; the owners are named from each
-// lock's name in the script, which has its hash tag).
+// grant's owner label, recorded in each lock's value (see holdsLua). Every
+// name it touches is a declared key (see acquireScript).
 //
 // acquireScript for several keys, all or none: {1, fence_1, ..., fence_n}
 // when every key is this set's (granted now, or by an earlier run of the
@@ -34,13 +34,13 @@ var _ tenace.MultiLockProvider = (*Provider)(nil)
 // other.
 var setScript = newScript("acquireSet", `
 redis.replicate_commands()
-`+fenceLua+`
+`+fenceLua+holdsLua+`
 local n = #KEYS / 3
 local held, minttl, own = {}, nil, {}
 for i = 1, n do
 	local holder = redis.call('GET', KEYS[3*i-2])
 	held[i] = 0
-	if holder == ARGV[1+i] then
+	if holds(holder, ARGV[1+i]) then
 		own[i] = true
 	elseif holder then
 		held[i] = 1
@@ -67,12 +67,11 @@ for i = 1, n do
 	else
 		local fence = nextFence(KEYS[3*i-1], us)
 		res[1+i] = fence
-		redis.call('SET', KEYS[3*i-2], ARGV[1+i], 'PX', ARGV[1])
+		local v = ARGV[1+i]
 		if ARGV[2+n] then
-			local owners = KEYS[3*i-2] .. ':owners'
-			redis.call('DEL', owners)
-			redis.call('HSET', owners, ARGV[1+i], owned('x', us, fence, ARGV[2+n]))
+			v = v .. ' ' .. owned('x', us, fence, ARGV[2+n])
 		end
+		redis.call('SET', KEYS[3*i-2], v, 'PX', ARGV[1])
 	end
 end
 return res
