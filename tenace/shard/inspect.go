@@ -53,7 +53,7 @@ func view[T any](e *entry[T], named int) (KeyView, bool) {
 	if s == stFree || s == stDead {
 		return KeyView{}, false
 	}
-	v := KeyView{Key: e.key, Waiting: e.waiting}
+	v := KeyView{Key: e.key, Waiting: int(e.waiting)}
 	if s == stShared {
 		v.Holders = make([]HolderView, len(e.readers))
 		for i, m := range e.readers {
@@ -62,7 +62,7 @@ func view[T any](e *entry[T], named int) (KeyView, bool) {
 	} else {
 		v.Holders = []HolderView{{Token: tokenOfWord(s), Label: e.label, Since: e.since}}
 	}
-	if n := min(e.waiting, named); n > 0 {
+	if n := min(int(e.waiting), named); n > 0 {
 		v.Waiters = make([]WaiterView, 0, n)
 		for w := e.head; w != nil && len(v.Waiters) < n; w = w.next {
 			v.Waiters = append(v.Waiters, WaiterView{Label: w.label, Since: w.since, Shared: w.shared})

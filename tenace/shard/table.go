@@ -192,10 +192,10 @@ type entry[T any] struct {
 	table      *Table[T] // the table the entry is made for, whatever key it has: a Held finds its table through it
 	key        string
 	head, tail *Waiter[T] // FIFO queue, oldest first
-	waiting    int
-	idx        int32 // where the entry is in Table.all
-	shared     int32 // shared holders, when the word is stShared
-	permits    int32 // their permit count (0: no limit), set by the first of them
+	waiting    int32      // the queue's length (an int32 keeps the entry in the 112-byte size class)
+	idx        int32      // where the entry is in Table.all
+	shared     int32      // shared holders, when the word is stShared
+	permits    int32      // their permit count (0: no limit), set by the first of them
 
 	// What Inspect shows of the holders: the exclusive holder's label and
 	// grant time (when the word is held or contended; stale otherwise), and
@@ -732,11 +732,11 @@ func (t *Table[T]) queueGrew(e *entry[T], w *Waiter[T]) {
 	}
 	e.waiting++
 	t.waiting++
-	for len(t.byLen) <= e.waiting {
+	for len(t.byLen) <= int(e.waiting) {
 		t.byLen = append(t.byLen, 0)
 	}
 	t.byLen[e.waiting]++
-	t.longest = max(t.longest, e.waiting)
+	t.longest = max(t.longest, int(e.waiting))
 }
 
 func (t *Table[T]) queueShrank(e *entry[T], w *Waiter[T]) {
@@ -744,7 +744,7 @@ func (t *Table[T]) queueShrank(e *entry[T], w *Waiter[T]) {
 		t.sharedWaiting--
 	}
 	t.byLen[e.waiting]--
-	if e.waiting == t.longest && t.byLen[e.waiting] == 0 {
+	if int(e.waiting) == t.longest && t.byLen[e.waiting] == 0 {
 		t.longest-- // e is now the longest, at one less
 	}
 	e.waiting--
@@ -1047,7 +1047,7 @@ func (t *Table[T]) checkQueue(key string, e *entry[T], s uint64, c *invariantCou
 			errs = append(errs, fmt.Errorf("invariant 3: key %q token %d after %d", key, w.token, prevTok))
 		}
 		prevTok, prev = w.token, w
-		if n > e.waiting+1 {
+		if n > int(e.waiting)+1 {
 			errs = append(errs, fmt.Errorf("invariant 4: key %q queue is longer than its count %d", key, e.waiting))
 			break
 		}
@@ -1055,7 +1055,7 @@ func (t *Table[T]) checkQueue(key string, e *entry[T], s uint64, c *invariantCou
 	if e.tail != prev {
 		errs = append(errs, fmt.Errorf("invariant 4: key %q tail is not the last waiter", key))
 	}
-	if n != e.waiting {
+	if n != int(e.waiting) {
 		errs = append(errs, fmt.Errorf("invariant 4: key %q counts %d waiters, queue has %d", key, e.waiting, n))
 	}
 	return n, errs
