@@ -484,6 +484,7 @@ func (c *call) lockStatement(conn *pgxpool.Conn, key string) (r reply, id int32,
 	}
 	if fence != nil {
 		token = uint64(*fence)
+		c.p.learnLabel(c.label()) // the grant's statement found it, or added it
 	}
 	return r, id, token
 }
@@ -598,7 +599,7 @@ func (c *call) conclude(conn *pgxpool.Conn, got []setGrant, d decision) (tenace.
 // bound on the server (see lockTimeout) when c is bounded, what remains of
 // the Timeout; else the plain wait, which only ctx and the Timeout's cancel
 // end.
-func (c *call) statement(key string) (_ string, args []any) {
+func (c *call) statement(key string) (sql string, args []any) {
 	p := c.p
 	kind := waitPlain
 	args = make([]any, 2, 5) // room for the bound, a bulkhead's count and the owner
@@ -612,7 +613,12 @@ func (c *call) statement(key string) (_ string, args []any) {
 		c.step = stepped(left)
 		args = append(args, lockTimeout(left))
 	}
-	defer func() { args = c.withOwner(args) }() // the last parameter
+	defer func() {
+		args = c.withOwner(args) // the last parameter
+		if adding, ok := p.adding[sql]; ok && !p.knownLabel(c.label()) {
+			sql = adding
+		}
+	}()
 	if c.retry && kind == waitBounded && c.mode() != modePermit {
 		return p.retrySQL[c.mode()], args
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,6 +55,14 @@ func (p *Provider) ownerOf(label string) any {
 	return p.owner + " (" + label + ")"
 }
 
+// label is the owner label c's grant records.
+func (c *call) label() string {
+	if c.opts.Owner == "" {
+		return c.p.owner
+	}
+	return c.p.owner + " (" + c.opts.Owner + ")"
+}
+
 // withOwner appends the grant's owner label to an acquire statement's
 // arguments, when it records one (fencing): its last parameter (see
 // prepareSQL).
@@ -68,31 +77,77 @@ func (c *call) withOwner(args []any) []any {
 // gives the token, f), that records the grant in its session's
 // application_name: "tenace ID:TOKEN OWNER SINCE [PERMITS]", each in hex —
 // the key's lock id, the fencing token, the owner label's id in the
-// table's owners (see ownersSchema), the server's clock in ms since the
-// epoch, and a bulkhead's permit count. application_name is the one
-// session state that every other session can read (pg_stat_activity,
-// whatever its role), and setting it writes nothing: no transaction id,
-// no WAL. It holds up to 63 bytes, hence the ids (this record is 62 at
-// most); a label new to the table is added by the statement (o), once.
-// A session that holds several keys (a set, nested Locks) records the
-// latest grant: see recordOf.
+// table's owners (see Schema), the server's clock in ms since the epoch,
+// and a bulkhead's permit count. application_name is the one session
+// state that every other session can read (pg_stat_activity, whatever its
+// role), and setting it writes nothing: no transaction id, no WAL. It
+// holds up to 63 bytes, hence the ids (this record is 62 at most). A
+// session that holds several keys (a set, nested Locks) records the
+// latest grant: see holder.
 func (p *Provider) ownerRecord(owner, permits string) string {
 	n := ``
 	if permits != "" {
 		n = ` || ' ' || to_hex(` + permits + `::int4)`
 	}
-	label := `coalesce((SELECT o.id FROM ` + p.names.owners + ` o WHERE o.owner = ` + owner + `::text), (SELECT id FROM oi), 0)`
+	_, ref := p.labelInsert(owner)
+	label := `coalesce((SELECT o.id FROM ` + p.names.owners + ` o WHERE o.owner = ` + owner + `::text)` + ref + `, 0)`
 	return `set_config('application_name', 'tenace ' || to_hex((SELECT id FROM k)) || ':' || to_hex(w.f) || ' ' || to_hex(` + label + `) || ' '
 	|| to_hex(floor(extract(epoch FROM clock_timestamp()) * 1000)::int8)` + n + `, false)`
 }
 
-// ownerInsert is the CTE (oi) that adds the grant's owner label, param,
-// to the table's owners when it is not there yet: a write only the first
-// time a label is used (its conflict with another's insert of the same
-// label leaves the record without a label id, 0, once).
-func (p *Provider) ownerInsert(owner string) string {
-	return `oi AS (INSERT INTO ` + p.names.owners + ` (owner) SELECT ` + owner + `::text FROM w
-	WHERE NOT EXISTS (SELECT 1 FROM ` + p.names.owners + ` o WHERE o.owner = ` + owner + `::text) ON CONFLICT (owner) DO NOTHING RETURNING id)`
+// A fencing acquire statement is written in its form that adds the
+// grant's owner label to the owners table (oi, see labelInsert), the
+// parts for that between these marks (see labelled).
+const (
+	labelOpen  = `/*oi{*/`
+	labelClose = `/*}oi*/`
+)
+
+// labelInsert is the CTE oi of a fencing acquire statement's form that
+// adds the owner label, param, to the owners table when missing; and the
+// label id's fallback to it.
+func (p *Provider) labelInsert(owner string) (cte, ref string) {
+	return labelOpen + `
+oi AS (INSERT INTO ` + p.names.owners + ` (owner) SELECT ` + owner + `::text FROM w
+	WHERE NOT EXISTS (SELECT 1 FROM ` + p.names.owners + ` o WHERE o.owner = ` + owner + `::text) ON CONFLICT (owner) DO NOTHING RETURNING id),` + labelClose,
+		labelOpen + `, (SELECT id FROM oi)` + labelClose
+}
+
+var labelParts = regexp.MustCompile(`(?s)/\*oi\{\*/.*?/\*\}oi\*/`)
+
+// labelled returns the two forms of a fencing acquire statement sql: the
+// usual one, which finds the owner label's id, and the one for a label
+// not known to be in the owners table yet, which adds it — a write, and a
+// data-modifying CTE that costs the statement several times its lookup's
+// server time, so it runs only until a grant with the label succeeded
+// (see knownLabel). An insert that meets another's insert of the same
+// label leaves that grant's record without a label id, once.
+func labelled(sql string) (usual, adding string) {
+	return labelParts.ReplaceAllString(sql, ""), strings.NewReplacer(labelOpen, "", labelClose, "").Replace(sql)
+}
+
+// maxLabels bounds the labels a provider remembers as being in the
+// owners table; past it, it forgets them all (a label is then added again
+// by its next grant: a lookup that finds it, and no write).
+const maxLabels = 1024
+
+// knownLabel reports whether label is known to be in the owners table.
+func (p *Provider) knownLabel(label string) bool {
+	p.labelsMu.Lock()
+	defer p.labelsMu.Unlock()
+	_, ok := p.labels[label]
+	return ok
+}
+
+// learnLabel records that label is in the owners table (a grant with it
+// succeeded).
+func (p *Provider) learnLabel(label string) {
+	p.labelsMu.Lock()
+	defer p.labelsMu.Unlock()
+	if len(p.labels) >= maxLabels {
+		clear(p.labels)
+	}
+	p.labels[label] = struct{}{}
 }
 
 // recordSQL is the SQL of the application_name of the backend pid, and

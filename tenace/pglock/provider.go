@@ -56,9 +56,15 @@ type Provider struct {
 	classID  int32  // the first key of every advisory lock: the table's OID
 	ttl      time.Duration
 	maxConns int
-	fencing  bool          // leases carry a fencing token (not WithoutFencing)
-	owner    string        // recorded with every grant (WithOwner)
-	ownerArg any           // owner, boxed once for the acquire statements' arguments
+	fencing  bool   // leases carry a fencing token (not WithoutFencing)
+	owner    string // recorded with every grant (WithOwner)
+	ownerArg any    // owner, boxed once for the acquire statements' arguments
+	// adding maps each fencing acquire statement to its form that adds
+	// the owner label to the owners table (see labelled); labels are
+	// those known to be there.
+	adding   map[string]string
+	labelsMu sync.Mutex
+	labels   map[string]struct{}
 	names    names         // the table's relations: its sequence of tokens, its owner labels
 	slots    chan struct{} // a token per connection in use (held + waiting); cap maxConns
 
@@ -357,7 +363,7 @@ func NewWithConfig(ctx context.Context, cfg *pgxpool.Config, opts ...Option) (*P
 	}
 	p := &Provider{
 		pool: pool, table: sanitize(s.table), names: relationsOf(s.table), ttl: s.ttl, maxConns: s.maxConns, fencing: s.fencing, owner: s.owner,
-		slots: make(chan struct{}, s.maxConns), leases: map[*lease]struct{}{},
+		slots: make(chan struct{}, s.maxConns), leases: map[*lease]struct{}{}, labels: map[string]struct{}{},
 	}
 	p.closed, p.close = context.WithCancelCause(context.Background())
 	if err := p.check(ctx, s); err != nil {
@@ -418,6 +424,11 @@ func (p *Provider) check(ctx context.Context, s settings) error {
 	}
 	if !ready {
 		return fmt.Errorf("pglock: the table %s lacks its sequence of tokens %s or its owners %s, or was made by an older version: run pglock.Schema(table) (it brings an older table up to date), or let New do it (without WithoutSetup)", p.table, p.names.seq, p.names.owners)
+	}
+	// The provider's own label, added now (a write on New) so that its
+	// grants find it; failing that, its first grant adds it.
+	if _, err := c.Exec(ctx, `INSERT INTO `+p.names.owners+` (owner) VALUES ($1) ON CONFLICT (owner) DO NOTHING`, p.owner); err == nil {
+		p.learnLabel(p.owner)
 	}
 	return nil
 }
@@ -501,6 +512,7 @@ func (p *Provider) tail(fence bool, owner, permits string, try bool, after strin
 		return `
 SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), NULL::bigint, ` + held + from
 	}
+	oi, _ := p.labelInsert(owner)
 	if from == "" {
 		from = ` FROM d`
 	} else {
@@ -508,8 +520,7 @@ SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), NULL::bigint, ` 
 	}
 	return `,
 t AS MATERIALIZED (SELECT nextval(` + literal(p.names.seq) + `) AS f FROM l WHERE l.ok),
-w AS MATERIALIZED (SELECT f, pg_current_wal_insert_lsn() AS i FROM t),
-` + p.ownerInsert(owner) + `,
+w AS MATERIALIZED (SELECT f, pg_current_wal_insert_lsn() AS i FROM t),` + oi + `
 d AS MATERIALIZED (SELECT (SELECT f FROM w) AS f, (SELECT CASE WHEN i > pg_current_wal_flush_lsn() OR current_setting('synchronous_standby_names') <> ''
 	THEN pg_logical_emit_message(true, 'tenace', '') END FROM w) AS flushed, ` + syncCommit + ` AS sc,
 	(SELECT ` + p.ownerRecord(owner, permits) + ` FROM w) AS rec)
@@ -601,6 +612,16 @@ func (p *Provider) prepareSQL() {
 		p.retrySQL[mode] = p.lockStatement(`CASE WHEN `+mine+` THEN true ELSE `+bounded(m.lock, "k.id")+` END`, p.fencing, owner(4), false)
 	}
 	p.registerSQL = `INSERT INTO ` + p.table + ` (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
+	p.adding = map[string]string{}
+	for _, set := range [][]string{p.lockSQL[:], p.sharedSQL[:], p.entrySQL[:], p.admitSQL[:], p.retrySQL[:]} {
+		for i, sql := range set {
+			usual, adding := labelled(sql)
+			set[i] = usual
+			if p.fencing {
+				p.adding[usual] = adding
+			}
+		}
+	}
 }
 
 // keyBusy reports whether another caller of this process holds one of
