@@ -2,6 +2,7 @@ package pglock
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -47,12 +48,13 @@ func (p *Provider) Owner() string { return p.owner }
 
 // ownerOf is the owner a grant records, boxed for the statement's
 // arguments: the provider's label (boxed once, by New), and the caller's
-// after it when it gave one.
+// after it when it gave one — as bytes, kept as bytea in the owners
+// table, so that any Go string is a label (NUL, invalid UTF-8).
 func (p *Provider) ownerOf(label string) any {
 	if label == "" {
 		return p.ownerArg
 	}
-	return p.owner + " (" + label + ")"
+	return []byte(p.owner + " (" + label + ")")
 }
 
 // label is the owner label c's grant records.
@@ -90,7 +92,7 @@ func (p *Provider) ownerRecord(owner, permits string) string {
 		n = ` || ' ' || to_hex(` + permits + `::int4)`
 	}
 	_, ref := p.labelInsert(owner)
-	label := `coalesce((SELECT o.id FROM ` + p.names.owners + ` o WHERE o.owner = ` + owner + `::text)` + ref + `, 0)`
+	label := `coalesce((SELECT o.id FROM ` + p.names.owners + ` o WHERE o.owner = ` + owner + `::bytea)` + ref + `, 0)`
 	return `set_config('application_name', 'tenace ' || to_hex((SELECT id FROM k)) || ':' || to_hex(w.f) || ' ' || to_hex(` + label + `) || ' '
 	|| to_hex(floor(extract(epoch FROM clock_timestamp()) * 1000)::int8)` + n + `, false)`
 }
@@ -108,8 +110,8 @@ const (
 // label id's fallback to it.
 func (p *Provider) labelInsert(owner string) (cte, ref string) {
 	return labelOpen + `
-oi AS (INSERT INTO ` + p.names.owners + ` (owner) SELECT ` + owner + `::text FROM w
-	WHERE NOT EXISTS (SELECT 1 FROM ` + p.names.owners + ` o WHERE o.owner = ` + owner + `::text) ON CONFLICT (owner) DO NOTHING RETURNING id),` + labelClose,
+oi AS (INSERT INTO ` + p.names.owners + ` (owner) SELECT ` + owner + `::bytea FROM w
+	WHERE NOT EXISTS (SELECT 1 FROM ` + p.names.owners + ` o WHERE o.owner = ` + owner + `::bytea) ON CONFLICT (owner) DO NOTHING RETURNING id),` + labelClose,
 		labelOpen + `, (SELECT id FROM oi)` + labelClose
 }
 
@@ -159,11 +161,12 @@ func (p *Provider) recordSQL(pid string) string {
 }
 
 // holdersSQL is the refusal's read of the key's holders (id, an SQL
-// expression): a JSON array of [application_name, owner label, shared]
+// expression): a JSON array of [application_name, owner label (base64),
+// shared]
 // for each session pg_locks shows granted the key. Run only when a NoWait
 // try was refused, it costs that refusal a read of pg_locks.
 func (p *Provider) holdersSQL(id string) string {
-	return `SELECT jsonb_agg(jsonb_build_array(r.app, r.owner, r.shared)) FROM (SELECT ` + p.recordSQL(`l.pid`) + `, l.mode = 'ShareLock'
+	return `SELECT jsonb_agg(jsonb_build_array(r.app, encode(r.owner, 'base64'), r.shared)) FROM (SELECT ` + p.recordSQL(`l.pid`) + `, l.mode = 'ShareLock'
 	FROM pg_locks l WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 	AND l.classid = $2::int4::oid AND l.objid = ` + id + `::oid AND l.objsubid = 2 AND l.granted) AS r(app, owner, shared)`
 }
@@ -243,8 +246,11 @@ func (c *call) onHeld(f func(tenace.HolderInfo)) {
 	for i, row := range rows {
 		app, _ := row[0].(string)
 		var owner *string
-		if o, ok := row[1].(string); ok {
-			owner = &o
+		if enc, ok := row[1].(string); ok {
+			if b, err := base64.StdEncoding.DecodeString(enc); err == nil {
+				o := string(b)
+				owner = &o
+			}
 		}
 		shared, _ := row[2].(bool)
 		h := holder(c.heldID, app, owner, shared)
@@ -352,7 +358,7 @@ func readInspect(rows pgx.Rows) ([]tenace.KeyInfo, error) {
 			key       []byte
 			id        int32
 			app       *string
-			owner     *string
+			owner     []byte
 			pid       *int32
 			waitStart *time.Time
 			mode      *string
@@ -376,7 +382,12 @@ func readInspect(rows pgx.Rows) ([]tenace.KeyInfo, error) {
 			if app != nil {
 				a = *app
 			}
-			info.Holders = append(info.Holders, holder(id, a, owner, *mode == "ShareLock"))
+			var o *string
+			if owner != nil {
+				label := string(owner)
+				o = &label
+			}
+			info.Holders = append(info.Holders, holder(id, a, o, *mode == "ShareLock"))
 			continue
 		}
 		// A waiter: for the key, or at (or for) its gate.

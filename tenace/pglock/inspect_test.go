@@ -235,3 +235,27 @@ func TestInspectAfterTheServerWentAway(t *testing.T) {
 		require.Equal(t, key, info.Key)
 	}
 }
+
+// Any Go string is an owner label, as any Go string is a key: a label with
+// a NUL and bytes that are not UTF-8 is recorded and named byte for byte,
+// by Inspect and by a refusal.
+func TestOwnerLabelsAreBytes(t *testing.T) {
+	srv := server(t)
+	owner := "pod\x00\xff-7"
+	p := newProvider(t, srv, pglock.WithOwner(owner))
+	key := keyOf(t, "k")
+	l := mustAcquire(t, p, key, tenace.LockAcquireOptions{Owner: "job\xfe\x00"})
+	want := owner + " (job\xfe\x00)"
+	info, err := p.Inspect(bg, key)
+	require.NoError(t, err)
+	require.Len(t, info.Holders, 1)
+	require.Equal(t, want, info.Holders[0].Owner)
+	var got []tenace.HolderInfo
+	w, err := p.Acquire(bg, key, tenace.LockAcquireOptions{Timeout: tenace.NoWait, OnHeld: func(h tenace.HolderInfo) { got = append(got, h) }})
+	require.NoError(t, err)
+	require.Nil(t, w)
+	require.Len(t, got, 1)
+	require.Equal(t, want, got[0].Owner)
+	require.Equal(t, l.(tenace.FencedLease).Token(), got[0].Token)
+	require.NoError(t, l.Release(bg))
+}

@@ -314,7 +314,7 @@ func schema(n names) string {
 CREATE SEQUENCE IF NOT EXISTS ` + n.seq + ` AS bigint NO CYCLE CACHE 1;
 CREATE TABLE IF NOT EXISTS ` + n.owners + ` (
 	id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-	owner text NOT NULL UNIQUE
+	owner bytea NOT NULL UNIQUE
 );
 DO $tenace$ BEGIN
 	IF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = ` + literal(n.table) + `::regclass AND attname = 'fence' AND attnum > 0 AND NOT attisdropped) THEN
@@ -404,18 +404,21 @@ func (p *Provider) check(ctx context.Context, s settings) error {
 			return err
 		}
 	}
-	var oid uint32
+	var oid *uint32
 	if err := c.QueryRow(ctx, `SELECT to_regclass($1)::oid`, p.table).Scan(&oid); err != nil {
-		return fmt.Errorf("pglock: the table %s is missing (create it with pglock.Schema, or let New create it): %w", p.table, err)
+		return fmt.Errorf("pglock: looking up the table %s: %w", p.table, err)
 	}
-	p.classID = int32(oid)
+	if oid == nil {
+		return fmt.Errorf("pglock: the table %s is missing: create it with pglock.Schema, or let New create it (without WithoutSetup)", p.table)
+	}
+	p.classID = int32(*oid)
 	if err := p.findSlotClass(ctx, c); err != nil {
 		return err
 	}
 	if p.owner == "" {
 		p.owner = tenace.DefaultOwner()
 	}
-	p.ownerArg = p.owner
+	p.ownerArg = []byte(p.owner)
 	var ready bool
 	err = c.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_attribute
 	WHERE attrelid = $3::regclass AND attname = 'fence' AND attnum > 0 AND NOT attisdropped)`, p.names.seq, p.names.owners, p.table).Scan(&ready)
@@ -427,7 +430,7 @@ func (p *Provider) check(ctx context.Context, s settings) error {
 	}
 	// The provider's own label, added now (a write on New) so that its
 	// grants find it; failing that, its first grant adds it.
-	if _, err := c.Exec(ctx, `INSERT INTO `+p.names.owners+` (owner) VALUES ($1) ON CONFLICT (owner) DO NOTHING`, p.owner); err == nil {
+	if _, err := c.Exec(ctx, `INSERT INTO `+p.names.owners+` (owner) VALUES ($1) ON CONFLICT (owner) DO NOTHING`, []byte(p.owner)); err == nil {
 		p.learnLabel(p.owner)
 	}
 	return nil

@@ -149,7 +149,10 @@ func TestATableOfAnOlderVersion(t *testing.T) {
 	srv.MustExec(t, `CREATE TABLE `+table+` (id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY, key bytea NOT NULL UNIQUE,
 	fence bigint NOT NULL DEFAULT 0, owners jsonb);
 	INSERT INTO `+table+` (key, fence) VALUES ('a', 500), ('b', 7)`)
-	_, err := pglock.New(bg, srv.ConnString(), pglock.WithTable(table), pglock.WithoutSetup())
+	_, err := pglock.New(bg, srv.ConnString(), pglock.WithTable(table+"_none"), pglock.WithoutSetup())
+	require.ErrorContains(t, err, "is missing: create it with pglock.Schema")
+	require.NotContains(t, err.Error(), "NULL")
+	_, err = pglock.New(bg, srv.ConnString(), pglock.WithTable(table), pglock.WithoutSetup())
 	require.ErrorContains(t, err, "pglock.Schema")
 	p := newProvider(t, srv, pglock.WithTable(table))
 	for _, key := range []string{"b", "a", "new"} {
