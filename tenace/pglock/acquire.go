@@ -77,10 +77,10 @@ var errGaveUp = errors.New("pglock: the server did not answer the call its Acqui
 // A nil ctx panics.
 //
 // A NoWait refusal calls opts.OnHeld (a Lock: its *LockNotAcquiredError)
-// with what the refusal's own statement read from the key's row: the
-// holder of a key held exclusive, named with its grant time and token; for
-// a key held shared, Shared and no name, since the row keeps readers that
-// have let go (Inspect names the live ones). A refusal at a Timeout names
+// with the holder the refusal's own statement read, only when refused,
+// from pg_locks and each holder's owner record (see WithOwner): the holder
+// of a key held exclusive, or the oldest of its readers or permit holders,
+// named with its grant time and token. A refusal at a Timeout names
 // nobody: the wait's statement ends in lock_timeout, with no row.
 //
 // With a ctx inside Lock steps that hold leases of p (a nested Lock), a
@@ -231,7 +231,8 @@ type call struct {
 	freed    bool // lock gave the connection slot back before it returned
 	state    atomic.Int32
 	phase    atomic.Int32 // what the server was last asked, for the error
-	heldBy   []byte       // the key's owners when a NoWait try was refused (see onHeld)
+	heldBy   []byte       // the key's holders when a NoWait try was refused (see onHeld)
+	heldID   int32        // the lock id of the key the refusal was for
 	// sess is the session of a lease the caller's execution holds, taken
 	// for a nested wait (see sessionFor): the call uses no connection or
 	// slot of its own. nil for a call on a connection of its own.
@@ -479,9 +480,11 @@ func (c *call) lockStatement(conn *pgxpool.Conn, key string) (r reply, id int32,
 	r.hasID, r.locked, r.fenced = pid != nil, locked, fence != nil
 	if pid != nil {
 		id = *pid
+		c.heldID = id
 	}
 	if fence != nil {
 		token = uint64(*fence)
+		c.p.learnLabel(c.label()) // the grant's statement found it, or added it
 	}
 	return r, id, token
 }
@@ -596,7 +599,7 @@ func (c *call) conclude(conn *pgxpool.Conn, got []setGrant, d decision) (tenace.
 // bound on the server (see lockTimeout) when c is bounded, what remains of
 // the Timeout; else the plain wait, which only ctx and the Timeout's cancel
 // end.
-func (c *call) statement(key string) (_ string, args []any) {
+func (c *call) statement(key string) (sql string, args []any) {
 	p := c.p
 	kind := waitPlain
 	args = make([]any, 2, 5) // room for the bound, a bulkhead's count and the owner
@@ -610,7 +613,12 @@ func (c *call) statement(key string) (_ string, args []any) {
 		c.step = stepped(left)
 		args = append(args, lockTimeout(left))
 	}
-	defer func() { args = c.withOwner(args) }() // the last parameter
+	defer func() {
+		args = c.withOwner(args) // the last parameter
+		if adding, ok := p.adding[sql]; ok && !p.knownLabel(c.label()) {
+			sql = adding
+		}
+	}()
 	if c.retry && kind == waitBounded && c.mode() != modePermit {
 		return p.retrySQL[c.mode()], args
 	}

@@ -11,23 +11,26 @@
 // # How it works
 //
 // A table (DefaultTable, created by New when missing; see Schema) maps
-// each key to an id and a fence:
+// each key to an id, beside a sequence of fencing tokens and a table of
+// owner labels:
 //
 //	id    integer identity primary key   the advisory lock is (table OID, id)
 //	key   bytea unique                   the key's exact bytes
-//	fence bigint                         the last grant's fencing token
-//	owners jsonb                         each holding backend's owner label (WithOwner), grant time, token
-//
-// (the owners column is added to a table that lacks it by New, unless
-// WithoutSetup; Inspect and List read it beside pg_locks).
+//	<table>_tokens   sequence            every grant's fencing token (nextval)
+//	<table>_owners   (id, owner text)    each owner label used, once
 //
 // Acquire runs one statement on a connection of the provider's own pool: it
 // looks up the key's id, takes the session advisory lock
 // pg_advisory_lock(table OID, id) — or pg_try_advisory_lock with NoWait;
 // the _shared forms for a shared caller (see Shared locks and permits) —
-// and, only once the lock is held, increments the key's fence (and records
-// the grant's owner) and returns it; the statement commits before it answers. A key's first use inserts
-// its row (one more statement). Release runs pg_advisory_unlock on the same
+// and, only once the lock is held, takes the grant's token (nextval) and
+// records the grant in its session's application_name ("tenace ID:TOKEN
+// OWNER SINCE", in hex: the owner label's id, the server's clock in ms),
+// which Inspect, List and a refusal read through pg_stat_activity for the
+// sessions pg_locks shows holding the key. An uncontended grant writes no
+// row, and usually no WAL: no commit to flush. A key's first use inserts
+// its row (one more statement), an owner label's first use its row in
+// the owners table. Release runs pg_advisory_unlock on the same
 // connection and gives the connection back to the pool.
 //
 //   - Keys are exact: any Go string is a key (compared as bytes: no
@@ -42,14 +45,30 @@
 //     fails with the server's error; hash it yourself if you need longer
 //     keys).
 //   - Fencing tokens (leases are tenace.FencedLease) strictly increase per
-//     key, across processes and across server restarts and crashes: the
-//     fence is committed, and its WAL flushed to disk, before the grant
-//     returns: the acquire statement sets synchronous_commit to on for its
-//     own transaction when the session's is off or local, so a server tuned
-//     with synchronous_commit off keeps the guarantee (remote_write and
-//     remote_apply are kept). A failover to a replica keeps them only if the
-//     replication is synchronous. WithoutFencing drops them, and with them
-//     the grant's write.
+//     key, across processes and across server restarts and crashes; they
+//     come from one sequence for the table, so they also increase across
+//     keys, with gaps (a crash skips up to 32). A token never comes back
+//     after a crash or an immediate shutdown, because it is on disk before
+//     the grant answers: nextval writes WAL once in 32 values (and first
+//     after each checkpoint), logging the value 32 ahead, and the statement
+//     that logs has an xid, so its commit flushes that WAL (the acquire
+//     statement commits synchronously: it sets synchronous_commit to on for
+//     its own transaction when the session's is off or local). A value
+//     taken from a range that another transaction logged is safe once that
+//     record is flushed; the acquire statement reads the WAL insert
+//     position after its nextval (the record ends at or before it) and then
+//     the flush position, and when the flush is behind it writes a
+//     transactional logical message (pg_logical_emit_message), whose commit
+//     flushes past the record (TestFencingSurvivesACrashAfterAnotherLogged).
+//     On a busy server the flush is often behind (other transactions' WAL),
+//     and a grant then costs a flush, as every grant did when the token was
+//     a row update. A failover to a replica keeps the tokens only if the
+//     replication is synchronous: with synchronous_standby_names set, every
+//     grant writes that message, and its commit waits for the standby
+//     (remote_write and remote_apply are kept). Through a pooler in session
+//     mode nothing changes: everything is within the statement. Do not
+//     setval or ALTER the sequence (restarting it lower breaks the tokens).
+//     WithoutFencing drops the tokens and the owner record.
 //
 // A token protects a resource that checks it on every access: a read raises
 // the highest token the resource has seen and refuses a lower one, a write
@@ -59,9 +78,9 @@
 // PostgreSQL, Fence is that check, run in the transaction of every read and
 // write (FenceSchema, the table; FenceSQL, the statement).
 //
-// Costs: an acquire is one round trip (three on a key's first use) and, with
-// fencing, a write transaction — a WAL flush per grant (committed
-// synchronously, see above); a release is one round trip. A held lease costs a
+// Costs: an acquire is one round trip (three on a key's first use) and
+// writes nothing but, once in 32 grants (and when the server's WAL flush
+// is behind, see above), a WAL flush; a release is one round trip. A held lease costs a
 // connection and a goroutine (nested leases share theirs: see Deadlocks). Measured against two bare round trips on a
 // held connection, and against redislock: bench/README.md.
 //
@@ -184,12 +203,12 @@
 // (for a Timeout on the system clock, no later than the Timeout and 30 ms).
 // The grant may land at that very moment: the server may have granted the
 // lock just before the cancel arrived, or the cancel may hit after the lock
-// and before the fence. In every such case the call gives the lock back
+// and before the token. In every such case the call gives the lock back
 // (pg_advisory_unlock_all) and closes the connection, so that a cancel
 // still in flight cannot hit a later statement and nothing the session held
 // survives it: when Acquire returns ctx's error, nothing is held for it on
 // the server. (A test races cancels against grants and tells both outcomes
-// apart by the fence.) The give-back fits in the same 2 s: a backend that
+// apart by the token.) The give-back fits in the same 2 s: a backend that
 // stalls between the grant and the unlock holds the caller no longer, and
 // frees the lock when it runs again and finds its connection closed (tested
 // with SIGSTOP).
@@ -372,14 +391,14 @@
 // session that holds it.
 //
 //	NoWait    ── one statement: try slots 0, 1, … (pg_try_advisory_lock),
-//	             the first free one taken; try the key shared; fence: granted
+//	             the first free one taken; try the key shared; token: granted
 //	             (no slot free, or a writer holds or waits for the key:
 //	             not granted, the slot given back in the same statement)
 //	a waiter  ── one statement: take the key's gate, a second advisory
 //	             lock (the table's OID, −id), exclusive (waits in its
 //	             queue, FIFO); try the slots;
 //	             a slot → wait for the key shared (behind a writer),
-//	                      fence, unlock the gate: granted
+//	                      token, unlock the gate: granted
 //	             none   → keep the gate; LISTEN on the key's channel
 //	                      (a wait longer than 100 ms) and wait, with no
 //	                      statement running, for the NOTIFY a Release
@@ -390,7 +409,7 @@
 // A caller takes the lowest free slot, so it tries min(N,
 // max_connections) slots at most, and one when the key is free: an
 // uncontended grant costs one try-lock and the key's shared lock beside
-// the fence (and the gate's lock and unlock, for a caller that waits). A
+// the token (and the gate's lock and unlock, for a caller that waits). A
 // Release is one statement, which reads nothing: it unlocks, then tries
 // the gate shared, and sends the NOTIFY only when that fails (someone
 // holds the gate: a waiter, or a caller being admitted), so that an
@@ -452,9 +471,9 @@
 //     (see Waiting).
 //
 // Every rule of the exclusive lock holds for shared leases: each grant,
-// shared too, gets its own fencing token from the key's counter, strictly
-// increasing (readers' grants are numbered in the order their fence
-// updates commit); a lease is lost with its connection, its TTL or Close,
+// shared too, gets its own fencing token from the table's sequence,
+// strictly increasing (readers' grants are numbered in the order of their
+// nextval); a lease is lost with its connection, its TTL or Close,
 // and its Release gives back its share alone; Timeout, NoWait, ctx and the
 // outage rules (ErrNoReply, the server's lock_timeout verdict, a stalled
 // server: TestSharedWaitersOnAStalledServer) are the same. A waiting writer

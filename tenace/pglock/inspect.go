@@ -2,12 +2,15 @@ package pglock
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -20,37 +23,19 @@ import (
 
 var _ tenace.Inspector = (*Provider)(nil)
 
-// ownerColumnsDDL is the column of the table of keys where each grant
-// records its owner, written by the grant's own statement (the fence's
-// UPDATE): a JSON object whose members are the backends holding the key
-// (by pg_backend_pid, which pg_locks names) and whose values are the
-// grant's owner ("o"), time ("t"), fencing token ("f") and, for a
-// bulkhead, permit count ("n"). An exclusive grant replaces the object
-// (nobody else holds the key); a shared one adds its member, after
-// dropping those of backends that no longer hold the key once there are
-// 32 or more (a read of pg_locks, rare). Members of backends that let go
-// of the key stay until then, and Inspect shows only the members that
-// pg_locks says hold it.
-const ownerColumnsDDL = `owners jsonb`
-
-// maxOwners is how many members the owners object may have before a
-// shared grant drops those of backends that let go (see ownerColumnsDDL).
-const maxOwners = 32
-
 // WithOwner sets the provider's owner label, recorded with every grant it
 // makes and shown by Inspect, List and a refusal's holder (a pod name, a
 // job id); by default tenace.DefaultOwner(). A Lock's own label
 // (tenace.LockOptions.Owner) follows it, as "owner (label)". It panics if
 // label is empty.
 //
-// The label is written in the key's row of the table by the grant's own
-// statement, with the fence, under the backend that holds the grant (a
-// pooled session's application_name would name whoever last borrowed the
-// connection, not the grant): a provider WithoutFencing writes nothing,
-// and records no owner. A table created by a version without the owners
-// column gets it from New (ALTER TABLE ... ADD COLUMN, waiting 1s at most
-// for the table's lock), unless WithoutSetup; without it, grants record no
-// owner.
+// The grant's statement records it in its session's application_name
+// (see the package doc, How it works), by the label's id in the table's
+// owners: each label is a row there, added by the first grant that uses
+// it (one write; give Locks labels from a small set, not one per call). A
+// session that holds several keys (a set, nested Locks) records its
+// latest grant: for its other keys Inspect gives that grant's owner and no
+// Since or Token. A provider WithoutFencing records no owner.
 func WithOwner(label string) Option {
 	if label == "" {
 		panic("tenace: pglock.WithOwner: the owner label must not be empty")
@@ -63,147 +48,226 @@ func (p *Provider) Owner() string { return p.owner }
 
 // ownerOf is the owner a grant records, boxed for the statement's
 // arguments: the provider's label (boxed once, by New), and the caller's
-// after it when it gave one.
+// after it when it gave one — as bytes, kept as bytea in the owners
+// table, so that any Go string is a label (NUL, invalid UTF-8).
 func (p *Provider) ownerOf(label string) any {
 	if label == "" {
 		return p.ownerArg
 	}
-	return p.owner + " (" + label + ")"
+	return []byte(p.owner + " (" + label + ")")
 }
 
-// recordsOwners reports whether the acquire statements record the grant's
-// owner: they write the row (fencing), and the table has the columns.
-func (p *Provider) recordsOwners() bool { return p.fencing && p.owners }
+// label is the owner label c's grant records.
+func (c *call) label() string {
+	if c.opts.Owner == "" {
+		return c.p.owner
+	}
+	return c.p.owner + " (" + c.opts.Owner + ")"
+}
 
-// withOwner appends the grant's owner to an acquire statement's arguments,
-// when it records one: its last parameter (see prepareSQL).
+// withOwner appends the grant's owner label to an acquire statement's
+// arguments, when it records one (fencing): its last parameter (see
+// prepareSQL).
 func (c *call) withOwner(args []any) []any {
-	if !c.p.recordsOwners() {
+	if !c.p.fencing {
 		return args
 	}
 	return append(args, c.p.ownerOf(c.opts.Owner))
 }
 
-// checkOwners sets p.owner's default and finds whether the table has the
-// owners column; it adds it when missing, unless WithoutSetup, waiting
-// a second at most for the table's lock (acquire statements that wait for
-// a key hold a share of it): failing that, grants record no owner.
-func (p *Provider) checkOwners(ctx context.Context, c *pgxpool.Conn, s settings) error {
-	if p.owner == "" {
-		p.owner = tenace.DefaultOwner()
-	}
-	p.ownerArg = p.owner
-	count := func() (int, error) {
-		var n int
-		err := c.QueryRow(ctx, `SELECT count(*) FROM pg_attribute WHERE attrelid = $1::regclass
-	AND attname = 'owners' AND attnum > 0 AND NOT attisdropped`, p.table).Scan(&n)
-		return n, err
-	}
-	n, err := count()
-	if err != nil {
-		return fmt.Errorf("pglock: reading the columns of %s: %w", p.table, err)
-	}
-	if n < 1 && s.setup {
-		err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '1s'`); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, `ALTER TABLE `+p.table+` ADD COLUMN IF NOT EXISTS `+ownerColumnsDDL)
-			return err
-		})
-		var pgErr *pgconn.PgError
-		if err != nil && !errors.As(err, &pgErr) {
-			return fmt.Errorf("pglock: adding the owners column to %s: %w", p.table, err)
-		}
-		if n, err = count(); err != nil {
-			return fmt.Errorf("pglock: reading the columns of %s: %w", p.table, err)
-		}
-	}
-	p.owners = n == 1
-	return nil
-}
-
-// heldByCols is the column an acquire statement reads from the key's row,
-// beside its id, for the holders a refusal names: its owners.
-func (p *Provider) heldByCols() string {
-	if !p.owners {
-		return `, NULL::jsonb AS owners`
-	}
-	return `, owners`
-}
-
-// heldBySelect returns it, after the acquire statement's (id, locked,
-// fence).
-const heldBySelect = `, (SELECT owners FROM k)`
-
-// ownerSet is the fence UPDATE's assignment of the grant's owner, param
-// (a "$n"), in mode; permits is the bulkhead's count parameter ("" for
-// none). See ownerColumnsDDL.
-func (p *Provider) ownerSet(param string, mode lockMode, permits string) string {
+// ownerRecord is the SQL expression, run once the lock is held (w's row
+// gives the token, f), that records the grant in its session's
+// application_name: "tenace ID:TOKEN OWNER SINCE [PERMITS]", each in hex —
+// the key's lock id, the fencing token, the owner label's id in the
+// table's owners (see Schema), the server's clock in ms since the epoch,
+// and a bulkhead's permit count. application_name is the one session
+// state that every other session can read (pg_stat_activity, whatever its
+// role), and setting it writes nothing: no transaction id, no WAL. It
+// holds up to 63 bytes, hence the ids (this record is 62 at most). A
+// session that holds several keys (a set, nested Locks) records the
+// latest grant: see holder.
+func (p *Provider) ownerRecord(owner, permits string) string {
 	n := ``
 	if permits != "" {
-		n = `, 'n', ` + permits + `::int4`
+		n = ` || ' ' || to_hex(` + permits + `::int4)`
 	}
-	if mode != modeExclusive {
-		n += `, 's', true`
-	}
-	member := `jsonb_build_object(pg_backend_pid()::text, jsonb_build_object('o', ` + param + `::text, 't', clock_timestamp(), 'f', fence + 1` + n + `))`
-	if mode == modeExclusive {
-		return `, owners = ` + member
-	}
-	live := `(SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each(owners) e WHERE e.key IN (SELECT l.pid::text FROM pg_locks l
-	WHERE l.locktype = 'advisory' AND l.classid = $2::int4::oid AND l.objid = id::oid AND l.objsubid = 2 AND l.granted))`
-	return `, owners = CASE WHEN owners IS NULL THEN '{}'::jsonb
-	WHEN (SELECT count(*) FROM jsonb_object_keys(owners)) < ` + strconv.Itoa(maxOwners) + ` THEN owners
-	ELSE coalesce(` + live + `, '{}'::jsonb) END || ` + member
+	_, ref := p.labelInsert(owner)
+	label := `coalesce((SELECT o.id FROM ` + p.names.owners + ` o WHERE o.owner = ` + owner + `::bytea)` + ref + `, 0)`
+	return `set_config('application_name', 'tenace ' || to_hex((SELECT id FROM k)) || ':' || to_hex(w.f) || ' ' || to_hex(` + label + `) || ' '
+	|| to_hex(floor(extract(epoch FROM clock_timestamp()) * 1000)::int8)` + n + `, false)`
 }
 
-// owned is one member of the owners object.
-type owned struct {
-	Owner   string    `json:"o"`
-	Since   time.Time `json:"t"`
-	Token   int64     `json:"f"`
-	Permits int       `json:"n"`
-	Shared  bool      `json:"s"`
+// A fencing acquire statement is written in its form that adds the
+// grant's owner label to the owners table (oi, see labelInsert), the
+// parts for that between these marks (see labelled).
+const (
+	labelOpen  = `/*oi{*/`
+	labelClose = `/*}oi*/`
+)
+
+// labelInsert is the CTE oi of a fencing acquire statement's form that
+// adds the owner label, param, to the owners table when missing; and the
+// label id's fallback to it.
+func (p *Provider) labelInsert(owner string) (cte, ref string) {
+	return labelOpen + `
+oi AS (INSERT INTO ` + p.names.owners + ` (owner) SELECT ` + owner + `::bytea FROM w
+	WHERE NOT EXISTS (SELECT 1 FROM ` + p.names.owners + ` o WHERE o.owner = ` + owner + `::bytea) ON CONFLICT (owner) DO NOTHING RETURNING id),` + labelClose,
+		labelOpen + `, (SELECT id FROM oi)` + labelClose
+}
+
+var labelParts = regexp.MustCompile(`(?s)/\*oi\{\*/.*?/\*\}oi\*/`)
+
+// labelled returns the two forms of a fencing acquire statement sql: the
+// usual one, which finds the owner label's id, and the one for a label
+// not known to be in the owners table yet, which adds it — a write, and a
+// data-modifying CTE that costs the statement several times its lookup's
+// server time, so it runs only until a grant with the label succeeded
+// (see knownLabel). An insert that meets another's insert of the same
+// label leaves that grant's record without a label id, once.
+func labelled(sql string) (usual, adding string) {
+	return labelParts.ReplaceAllString(sql, ""), strings.NewReplacer(labelOpen, "", labelClose, "").Replace(sql)
+}
+
+// maxLabels bounds the labels a provider remembers as being in the
+// owners table; past it, it forgets them all (a label is then added again
+// by its next grant: a lookup that finds it, and no write).
+const maxLabels = 1024
+
+// knownLabel reports whether label is known to be in the owners table.
+func (p *Provider) knownLabel(label string) bool {
+	p.labelsMu.Lock()
+	defer p.labelsMu.Unlock()
+	_, ok := p.labels[label]
+	return ok
+}
+
+// learnLabel records that label is in the owners table (a grant with it
+// succeeded).
+func (p *Provider) learnLabel(label string) {
+	p.labelsMu.Lock()
+	defer p.labelsMu.Unlock()
+	if len(p.labels) >= maxLabels {
+		clear(p.labels)
+	}
+	p.labels[label] = struct{}{}
+}
+
+// recordSQL is the SQL of the application_name of the backend pid, and
+// of the owner label its record names: two columns.
+func (p *Provider) recordSQL(pid string) string {
+	app := `(SELECT a.application_name FROM pg_stat_get_activity(` + pid + `) a WHERE a.pid = ` + pid + `)`
+	return app + `, (SELECT o.owner FROM ` + p.names.owners + ` o WHERE o.id = CASE WHEN ` + app + ` ~ '^tenace [0-9a-f]{1,8}:[0-9a-f]{1,16} [0-9a-f]{1,8} '
+	THEN ('x' || lpad(split_part(` + app + `, ' ', 3), 8, '0'))::bit(32)::int4 END)`
+}
+
+// holdersSQL is the refusal's read of the key's holders (id, an SQL
+// expression): a JSON array of [application_name, owner label (base64),
+// shared]
+// for each session pg_locks shows granted the key. Run only when a NoWait
+// try was refused, it costs that refusal a read of pg_locks.
+func (p *Provider) holdersSQL(id string) string {
+	return `SELECT jsonb_agg(jsonb_build_array(r.app, encode(r.owner, 'base64'), r.shared)) FROM (SELECT ` + p.recordSQL(`l.pid`) + `, l.mode = 'ShareLock'
+	FROM pg_locks l WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	AND l.classid = $2::int4::oid AND l.objid = ` + id + `::oid AND l.objsubid = 2 AND l.granted) AS r(app, owner, shared)`
+}
+
+// record is a grant's owner record, read back (see ownerRecord).
+type record struct {
+	id      int32
+	token   uint64
+	since   time.Time
+	permits int
+}
+
+// parseRecord reads an application_name written by ownerRecord; ok is
+// false for any other.
+func parseRecord(app string) (r record, ok bool) {
+	f := strings.Fields(app)
+	if len(f) < 4 || len(f) > 5 || f[0] != "tenace" {
+		return r, false
+	}
+	idTok := strings.SplitN(f[1], ":", 2)
+	if len(idTok) != 2 {
+		return r, false
+	}
+	id, err1 := strconv.ParseUint(idTok[0], 16, 32)
+	tok, err2 := strconv.ParseUint(idTok[1], 16, 64)
+	ms, err3 := strconv.ParseInt(f[3], 16, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return r, false
+	}
+	r = record{id: int32(id), token: tok, since: time.UnixMilli(ms)}
+	if len(f) == 5 {
+		n, err := strconv.ParseUint(f[4], 16, 32)
+		if err != nil {
+			return r, false
+		}
+		r.permits = int(int32(n))
+	}
+	return r, true
+}
+
+// holder is what Inspect and a refusal say of the session pid, granted
+// the key of lock id id (shared or not), from its record app and the
+// owner label it names: a record of this key's grant gives its owner,
+// time, token and permits; a record of another key's grant (the session
+// holds several: a set, nested Locks), its owner alone — the session is
+// one provider's, one execution's; no record (a provider WithoutFencing,
+// or an older version), nothing but Shared.
+func holder(id int32, app string, owner *string, shared bool) tenace.HolderInfo {
+	h := tenace.HolderInfo{Shared: shared}
+	r, ok := parseRecord(app)
+	if !ok {
+		return h
+	}
+	if owner != nil {
+		h.Owner = *owner
+	}
+	if r.id == id {
+		h.Since, h.Token, h.Permits = r.since, r.token, r.permits
+	}
+	return h
 }
 
 // onHeld calls f with the holder a NoWait try's refusal read, if it read
-// one. Only a NoWait call: the others' statements end in lock_timeout or a
-// cancel, which return no row (and may run on a worker Acquire left).
-//
-// An exclusive grant makes its holder the key's only owner: that one is
-// named. A shared grant adds its holder to the owners and keeps the others
-// (pruned to the live ones only past maxOwners, see ownerSet), so a
-// refusal by readers cannot tell which members still hold the key without
-// reading pg_locks: it says "held shared" and names nobody (Inspect names
-// the live holders).
+// one: the exclusive holder, or the oldest of the readers (or permit
+// holders), each named by its owner record (see ownerRecord). Only a
+// NoWait call: the others' statements end in lock_timeout or a cancel,
+// which return no row (and may run on a worker Acquire left).
 func (c *call) onHeld(f func(tenace.HolderInfo)) {
-	if c.opts.Timeout != tenace.NoWait || len(c.heldBy) == 0 {
+	if c.opts.Timeout != tenace.NoWait || len(c.heldBy) == 0 || c.heldID == 0 {
 		return
 	}
-	var owners map[string]owned
-	if json.Unmarshal(c.heldBy, &owners) != nil || len(owners) == 0 {
+	var rows [][3]any
+	if json.Unmarshal(c.heldBy, &rows) != nil || len(rows) == 0 {
 		return
 	}
-	for _, o := range owners {
-		if o.Shared || len(owners) > 1 {
-			f(tenace.HolderInfo{Shared: true})
-			return
+	var first tenace.HolderInfo
+	for i, row := range rows {
+		app, _ := row[0].(string)
+		var owner *string
+		if enc, ok := row[1].(string); ok {
+			if b, err := base64.StdEncoding.DecodeString(enc); err == nil {
+				o := string(b)
+				owner = &o
+			}
 		}
-		f(tenace.HolderInfo{Owner: o.Owner, Since: o.Since, Token: uint64(max(o.Token, 0)), Permits: o.Permits})
+		shared, _ := row[2].(bool)
+		h := holder(c.heldID, app, owner, shared)
+		if i == 0 || (!h.Since.IsZero() && (first.Since.IsZero() || h.Since.Before(first.Since))) {
+			first = h
+		}
 	}
+	f(first)
 }
 
 // inspectSQL reads keys ($1, an array) with their locks ($2, the class
 // id) from pg_locks: one row for each lock of a key, or one with NULL
-// lock columns for a key with none. A bulkhead's gate (objid −id) counts
-// as its waiters'.
+// lock columns for a key with none; each lock with its session's owner
+// record and the label it names (see ownerRecord). A bulkhead's gate
+// (objid −id) counts as its waiters'.
 func (p *Provider) inspectSQL() string {
-	owner := `k.owners -> l.pid::text`
-	if !p.owners {
-		owner = `NULL::jsonb`
-	}
-	return `SELECT k.key, ` + owner + `, l.pid, l.mode, l.granted,
+	return `SELECT k.key, k.id, ` + p.recordSQL(`l.pid`) + `, l.pid, l.mode, l.granted,
 	(to_jsonb(l) ->> 'waitstart')::timestamptz, l.objid <> k.id::oid, clock_timestamp()
 FROM ` + p.table + ` k LEFT JOIN pg_locks l ON l.locktype = 'advisory'
 	AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -232,9 +296,9 @@ ORDER BY k.key LIMIT $5`
 //
 // Holders are the sessions pg_locks shows granted the key (Shared for a
 // reader's or a bulkhead's share), each with the Owner, Since (the
-// server's clock), fencing Token and bulkhead Permits its grant recorded
-// in the key's row (see WithOwner; a grant of a provider WithoutFencing or
-// of an older version recorded none: Owner "", zero Since and Token). A
+// server's clock, to the ms), fencing Token and bulkhead Permits its grant
+// recorded in its session's application_name (see WithOwner; a grant of a
+// provider WithoutFencing recorded none: Owner "", zero Since and Token). A
 // session lock never expires: Expires is zero (a lease's TTL is kept by
 // its own process).
 //
@@ -292,6 +356,8 @@ func readInspect(rows pgx.Rows) ([]tenace.KeyInfo, error) {
 	for rows.Next() {
 		var (
 			key       []byte
+			id        int32
+			app       *string
 			owner     []byte
 			pid       *int32
 			waitStart *time.Time
@@ -300,7 +366,7 @@ func readInspect(rows pgx.Rows) ([]tenace.KeyInfo, error) {
 			gate      *bool
 			now       time.Time
 		)
-		if err := rows.Scan(&key, &owner, &pid, &mode, &granted, &waitStart, &gate, &now); err != nil {
+		if err := rows.Scan(&key, &id, &app, &owner, &pid, &mode, &granted, &waitStart, &gate, &now); err != nil {
 			return nil, err
 		}
 		if len(infos) == 0 || infos[len(infos)-1].Key != string(key) {
@@ -312,12 +378,16 @@ func readInspect(rows pgx.Rows) ([]tenace.KeyInfo, error) {
 			continue // no lock
 		}
 		if *granted && !*gate {
-			h := tenace.HolderInfo{Shared: *mode == "ShareLock"}
-			var o owned
-			if len(owner) > 0 && json.Unmarshal(owner, &o) == nil {
-				h.Owner, h.Since, h.Token, h.Permits = o.Owner, o.Since, uint64(max(o.Token, 0)), o.Permits
+			var a string
+			if app != nil {
+				a = *app
 			}
-			info.Holders = append(info.Holders, h)
+			var o *string
+			if owner != nil {
+				label := string(owner)
+				o = &label
+			}
+			info.Holders = append(info.Holders, holder(id, a, o, *mode == "ShareLock"))
 			continue
 		}
 		// A waiter: for the key, or at (or for) its gate.
@@ -351,7 +421,8 @@ func readInspect(rows pgx.Rows) ([]tenace.KeyInfo, error) {
 // read runs f on a connection of the pool, within ctx and a connection
 // slot (the provider's bound: a read waits for one as Acquire does). A
 // statement that ctx cut short leaves its connection discarded (a cancel
-// may be on its way to its session). The error says what failed: silence
+// may be on its way to its session); one that found its connection dead
+// runs once more on a live one. The error says what failed: silence
 // until ctx's end wraps ErrNoReply.
 func (p *Provider) read(ctx context.Context, what string, f func(context.Context, *pgxpool.Conn) error) error {
 	if err := ctx.Err(); err != nil {
@@ -373,6 +444,17 @@ func (p *Provider) read(ctx context.Context, what string, f func(context.Context
 		return p.readFailed(ctx, what, err)
 	}
 	err = f(ctx, conn)
+	if err != nil && ctx.Err() == nil && conn.Conn().IsClosed() {
+		// The connection had died idle in the pool: a server shut down or
+		// restarted sends its backends' FATAL (57P01), read only now. Once
+		// more on a connection found alive, as Acquire does: the answer,
+		// or the outage's own error (a refused dial).
+		discard(conn)
+		if conn, err = p.reconnect(ctx); err != nil {
+			return p.readFailed(ctx, what, err)
+		}
+		err = f(ctx, conn)
+	}
 	if ctx.Err() != nil {
 		discard(conn)
 	} else {

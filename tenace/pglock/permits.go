@@ -112,7 +112,7 @@ func (p *Provider) slotSQL(i string) string {
 
 // permitStatement is a bulkhead caller's acquire statement: $1 the key,
 // $2 the class id, (bounded: $3 the wait's bound on the server), then N.
-// It returns what lockStatement returns: (id, admitted, fence).
+// It returns what lockStatement returns: (id, admitted, token, holders).
 //
 // With gateExpr (the entry statement), it first takes the key's gate;
 // without (the admission, and NoWait), it takes none: the session holds
@@ -120,16 +120,16 @@ func (p *Provider) slotSQL(i string) string {
 // (sl: a recursive CTE, which PostgreSQL runs step by step, so that it
 // stops at the first slot taken) and, with one, takes the key shared
 // (sharedExpr: waits behind a writer that holds or waits for the key, or
-// tries: NoWait), increments the fence and unlocks the gate. With no slot,
+// tries: NoWait), takes the token and unlocks the gate (see tail). With no slot,
 // admitted is false, and the gate stays held; with a slot and a refused
 // try (NoWait), the slot is unlocked (x).
 //
 // Each CTE reads the one before it (gt, sl, l, then x and g read l in
 // their FROM: PostgreSQL runs the final SELECT's FROM before its select
 // list, so a g that did not read l would open the gate before the slots
-// are tried), and the gate is unlocked before the fence's update commits,
+// are tried), and the gate is unlocked before the statement commits,
 // which is safe: the next caller finds this one's slot taken already, and
-// its own fence update waits for this one's to commit, as two readers' do.
+// takes a later token from the sequence.
 //
 // A statement that fails (lock_timeout in the shared wait, a cancel) may
 // leave the session holding the gate and a slot: session advisory locks
@@ -141,7 +141,7 @@ func (p *Provider) permitStatement(gateExpr, sharedExpr, nParam string, try bool
 		gate = gateExpr
 	}
 	slots := `least(` + nParam + `::int8, current_setting('max_connections')::int8)`
-	head := `WITH k AS (SELECT id` + p.heldByCols() + ` FROM ` + p.table + ` WHERE key = $1),
+	head := `WITH k AS (SELECT id FROM ` + p.table + ` WHERE key = $1),
 gt AS MATERIALIZED (SELECT ` + gate + ` AS ok FROM k),
 sl AS MATERIALIZED (WITH RECURSIVE st(i, ok) AS (
 	SELECT 0, pg_try_advisory_lock(` + p.slotSQL("0") + `) FROM gt WHERE gt.ok
@@ -156,14 +156,7 @@ g AS MATERIALIZED (SELECT CASE WHEN NOT l.ok AND EXISTS (SELECT 1 FROM sl) THEN 
 		head += `
 g AS MATERIALIZED (SELECT CASE WHEN (SELECT ok FROM l) THEN pg_advisory_unlock($2::int4, -(SELECT id FROM k)) END AS open FROM (SELECT count(*) FROM l) AS after_l)`
 	}
-	if !p.fencing {
-		return head + `
-SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), NULL::bigint` + heldBySelect + ` FROM (SELECT count(*) FROM g) AS after_g`
-	}
-	return head + `,
-u AS (UPDATE ` + p.table + ` SET fence = fence + 1` + owner + ` WHERE id = (SELECT id FROM k) AND (SELECT ok FROM l) RETURNING fence),
-s AS MATERIALIZED (SELECT ` + syncCommit + `)
-SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), (SELECT fence FROM u)` + heldBySelect + ` FROM s, (SELECT count(*) FROM g) AS after_g`
+	return head + p.tail(p.fencing, owner, nParam, try, `(SELECT count(*) FROM g) AS after_g`)
 }
 
 // slotClassSQL finds the slots' class id: the OID of the table's primary

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,7 +22,8 @@ import (
 
 // Defaults.
 const (
-	// DefaultTable is the table that maps keys to lock ids and fences.
+	// DefaultTable is the table that maps keys to lock ids; its sequence
+	// of tokens and its owners are DefaultTable_tokens and _owners.
 	DefaultTable = "tenace_lock_keys"
 	// DefaultMaxConns bounds the connections of a provider: held locks plus
 	// waiting callers (see WithMaxConns).
@@ -54,10 +56,16 @@ type Provider struct {
 	classID  int32  // the first key of every advisory lock: the table's OID
 	ttl      time.Duration
 	maxConns int
-	fencing  bool          // leases carry a fencing token (not WithoutFencing)
-	owner    string        // recorded with every grant (WithOwner)
-	ownerArg any           // owner, boxed once for the acquire statements' arguments
-	owners   bool          // the table has the owners column (see ownerColumnsDDL)
+	fencing  bool   // leases carry a fencing token (not WithoutFencing)
+	owner    string // recorded with every grant (WithOwner)
+	ownerArg any    // owner, boxed once for the acquire statements' arguments
+	// adding maps each fencing acquire statement to its form that adds
+	// the owner label to the owners table (see labelled); labels are
+	// those known to be there.
+	adding   map[string]string
+	labelsMu sync.Mutex
+	labels   map[string]struct{}
+	names    names         // the table's relations: its sequence of tokens, its owner labels
 	slots    chan struct{} // a token per connection in use (held + waiting); cap maxConns
 
 	// The acquire statements, by how they wait (waitKind): lockSQL takes
@@ -216,7 +224,7 @@ func (f optionFunc) apply(s *settings) { f(s) }
 
 // WithTable sets the table of keys (default DefaultTable); "schema.table"
 // names a schema too. Every provider that must exclude the others uses the
-// same table: the lock ids and fences are rows of it. It panics on an empty
+// same table: the lock ids are its rows, the tokens its sequence's. It panics on an empty
 // name.
 func WithTable(name string) Option {
 	if name == "" {
@@ -263,24 +271,58 @@ func WithoutSetup() Option { return optionFunc(func(s *settings) { s.setup = fal
 // which keeps a client on one server session.
 func AllowPooler() Option { return optionFunc(func(s *settings) { s.allowPooler = true }) }
 
-// WithoutFencing drops the fencing token: the acquire statement then only
-// takes the lock, and writes nothing, so a grant costs no commit (on a
-// server that flushes its WAL on commit, the fence's write is most of an
-// uncontended acquire; see bench/README.md). The leases are then not
-// tenace.FencedLease. Use it where nothing downstream checks tokens.
+// WithoutFencing drops the fencing token and the owner record: the
+// acquire statement then only takes the lock. The leases are then not
+// tenace.FencedLease, and Inspect names no owner. Use it where nothing
+// downstream checks tokens.
 func WithoutFencing() Option { return optionFunc(func(s *settings) { s.fencing = false }) }
 
-// Schema returns the statement that creates the table of keys, for a
-// migration tool (see WithoutSetup). table is a name as WithTable takes it.
-func Schema(table string) string { return schema(sanitize(table)) }
+// Schema returns the statements that create the table of keys, its
+// sequence of fencing tokens and its table of owner labels, for a
+// migration tool (see WithoutSetup); table is a name as WithTable takes
+// it. They are idempotent, and they bring a table made by an older
+// version (whose rows kept each key's last token, in a fence column) up to
+// date: the sequence is raised above every token the table gave, and the
+// fence and owners columns dropped, under the table's exclusive lock, so
+// that a provider of an older version still running fails its next
+// acquire with the server's error (column "fence" does not exist) rather
+// than hand out a token below the sequence's.
+func Schema(table string) string { return schema(relationsOf(table)) }
 
-func schema(table string) string {
-	return `CREATE TABLE IF NOT EXISTS ` + table + ` (
+// names are the relations of a table of keys, sanitized: the table, its
+// sequence of tokens and its owner labels.
+type names struct{ table, seq, owners string }
+
+func relationsOf(table string) names {
+	parts := strings.Split(table, ".")
+	with := func(suffix string) string {
+		q := slices.Clone(parts)
+		q[len(q)-1] += suffix
+		return pgx.Identifier(q).Sanitize()
+	}
+	return names{table: pgx.Identifier(parts).Sanitize(), seq: with("_tokens"), owners: with("_owners")}
+}
+
+// literal quotes s as an SQL string literal.
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+func schema(n names) string {
+	return `CREATE TABLE IF NOT EXISTS ` + n.table + ` (
 	id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-	key bytea NOT NULL UNIQUE,
-	fence bigint NOT NULL DEFAULT 0,
-	` + ownerColumnsDDL + `
-)`
+	key bytea NOT NULL UNIQUE
+);
+CREATE SEQUENCE IF NOT EXISTS ` + n.seq + ` AS bigint NO CYCLE CACHE 1;
+CREATE TABLE IF NOT EXISTS ` + n.owners + ` (
+	id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	owner bytea NOT NULL UNIQUE
+);
+DO $tenace$ BEGIN
+	IF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = ` + literal(n.table) + `::regclass AND attname = 'fence' AND attnum > 0 AND NOT attisdropped) THEN
+		LOCK TABLE ` + n.table + ` IN ACCESS EXCLUSIVE MODE;
+		PERFORM setval(` + literal(n.seq) + `, max(fence)) FROM ` + n.table + ` HAVING max(fence) >= (SELECT last_value FROM ` + n.seq + `);
+		ALTER TABLE ` + n.table + ` DROP COLUMN fence, DROP COLUMN IF EXISTS owners;
+	END IF;
+END $tenace$`
 }
 
 func sanitize(name string) string { return pgx.Identifier(strings.Split(name, ".")).Sanitize() }
@@ -303,7 +345,8 @@ func New(ctx context.Context, connString string, opts ...Option) (*Provider, err
 // READ COMMITTED). It connects once to check the server: it creates the
 // table of keys when missing (unless WithoutSetup), and refuses a pooler
 // (ErrPooler) or a server in recovery (a standby cannot take locks that
-// exclude the primary's, nor write fences). It panics if cfg is nil.
+// exclude the primary's, nor hand out tokens). It also brings a table of
+// an older version up to date (see Schema). It panics if cfg is nil.
 func NewWithConfig(ctx context.Context, cfg *pgxpool.Config, opts ...Option) (*Provider, error) {
 	if cfg == nil {
 		panic("tenace: pglock.NewWithConfig: nil config")
@@ -319,8 +362,8 @@ func NewWithConfig(ctx context.Context, cfg *pgxpool.Config, opts ...Option) (*P
 		return nil, fmt.Errorf("pglock: creating the pool: %w", err)
 	}
 	p := &Provider{
-		pool: pool, table: sanitize(s.table), ttl: s.ttl, maxConns: s.maxConns, fencing: s.fencing, owner: s.owner,
-		slots: make(chan struct{}, s.maxConns), leases: map[*lease]struct{}{},
+		pool: pool, table: sanitize(s.table), names: relationsOf(s.table), ttl: s.ttl, maxConns: s.maxConns, fencing: s.fencing, owner: s.owner,
+		slots: make(chan struct{}, s.maxConns), leases: map[*lease]struct{}{}, labels: map[string]struct{}{},
 	}
 	p.closed, p.close = context.WithCancelCause(context.Background())
 	if err := p.check(ctx, s); err != nil {
@@ -357,69 +400,145 @@ func (p *Provider) check(ctx context.Context, s settings) error {
 		return errors.New("pglock: the server is a standby in recovery: locks need the primary (connect to it, e.g. target_session_attrs=read-write)")
 	}
 	if s.setup {
-		_, err := c.Exec(ctx, schema(p.table))
-		var pgErr *pgconn.PgError
-		// Two processes creating the table at once: one of them gets a
-		// unique violation on the catalog; the table is there.
-		if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") {
-			err = nil
-		}
-		if err != nil {
-			return fmt.Errorf("pglock: creating the table %s (or pass WithoutSetup and create it with pglock.Schema): %w", p.table, err)
+		if err := p.setup(ctx, c); err != nil {
+			return err
 		}
 	}
-	var oid uint32
+	var oid *uint32
 	if err := c.QueryRow(ctx, `SELECT to_regclass($1)::oid`, p.table).Scan(&oid); err != nil {
-		return fmt.Errorf("pglock: the table %s is missing (create it with pglock.Schema, or let New create it): %w", p.table, err)
+		return fmt.Errorf("pglock: looking up the table %s: %w", p.table, err)
 	}
-	p.classID = int32(oid)
+	if oid == nil {
+		return fmt.Errorf("pglock: the table %s is missing: create it with pglock.Schema, or let New create it (without WithoutSetup)", p.table)
+	}
+	p.classID = int32(*oid)
 	if err := p.findSlotClass(ctx, c); err != nil {
 		return err
 	}
-	return p.checkOwners(ctx, c, s)
+	if p.owner == "" {
+		p.owner = tenace.DefaultOwner()
+	}
+	p.ownerArg = []byte(p.owner)
+	var ready bool
+	err = c.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_attribute
+	WHERE attrelid = $3::regclass AND attname = 'fence' AND attnum > 0 AND NOT attisdropped)`, p.names.seq, p.names.owners, p.table).Scan(&ready)
+	if err != nil {
+		return fmt.Errorf("pglock: reading the relations of %s: %w", p.table, err)
+	}
+	if !ready {
+		return fmt.Errorf("pglock: the table %s lacks its sequence of tokens %s or its owners %s, or was made by an older version: run pglock.Schema(table) (it brings an older table up to date), or let New do it (without WithoutSetup)", p.table, p.names.seq, p.names.owners)
+	}
+	// The provider's own label, added now (a write on New) so that its
+	// grants find it; failing that, its first grant adds it.
+	if _, err := c.Exec(ctx, `INSERT INTO `+p.names.owners+` (owner) VALUES ($1) ON CONFLICT (owner) DO NOTHING`, []byte(p.owner)); err == nil {
+		p.learnLabel(p.owner)
+	}
+	return nil
+}
+
+// setup runs schema on c, in one transaction that waits for the table's
+// lock 5 s at most (the migration of an older table takes it exclusive,
+// after the acquire statements of older providers that wait for keys);
+// a concurrent New's creation of the same relations is retried once.
+func (p *Provider) setup(ctx context.Context, c *pgxpool.Conn) error {
+	run := func() error {
+		return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, schema(p.names))
+			return err
+		})
+	}
+	err := run()
+	var pgErr *pgconn.PgError
+	// Two processes creating the relations at once: one of them gets a
+	// unique violation on the catalog; they are there the second time.
+	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") {
+		err = run()
+	}
+	if isLockTimeout(err) {
+		return fmt.Errorf("pglock: bringing %s up to date (a sequence of tokens instead of its fence column) needs its exclusive lock, which others held for 5s: stop the providers of older versions that use it, and call New again: %w", p.table, err)
+	}
+	if err != nil {
+		return fmt.Errorf("pglock: creating the table %s (or pass WithoutSetup and create it with pglock.Schema): %w", p.table, err)
+	}
+	return nil
 }
 
 // lockStatement: $1 the key, $2 the class id. One round trip: it finds the
 // key's id, takes the advisory lock (lockFn waits, or tries), and — only
-// when the lock is held — increments the key's fence and returns it, all
-// in one statement (one implicit transaction, committed before the reply,
-// synchronously: see syncCommit). A statement that does not fence (a
-// provider WithoutFencing, a bulkhead's gate) only takes the lock.
+// when the lock is held — takes the grant's fencing token and records its
+// owner (see tail). A statement that does not fence (a provider
+// WithoutFencing, a bulkhead's gate) only takes the lock.
 //
-// Returns (id, locked, fence): id NULL when the key has no row yet
-// (register it and run again); locked false when the try failed; fence NULL
-// with locked true only if the row vanished meanwhile.
+// Returns (id, locked, token, holders): id NULL when the key has no row
+// yet (register it and run again); locked false when the try failed;
+// holders the key's holders when a NoWait try was refused (see heldBy).
+func (p *Provider) lockStatement(lockExpr string, fence bool, owner string, try bool) string {
+	return `WITH k AS (SELECT id FROM ` + p.table + ` WHERE key = $1),
+l AS MATERIALIZED (SELECT ` + lockExpr + ` AS ok FROM k)` + p.tail(fence, owner, "", try, "")
+}
+
+// tail ends an acquire statement whose CTEs k (the key's id) and l (ok:
+// the lock taken) come first: the grant's token and owner record when
+// fence (owner the owner label's parameter, permits the bulkhead's count's
+// or ""), the refusal's holders when try; after is a FROM item that the
+// final SELECT must run first ("" for none).
 //
-// Why one statement is correct: the CTE l is evaluated once, before the
-// UPDATE can pass its filter, so the row is updated only while the lock is
-// held; the UPDATE takes no row lock before that (no deadlock with the
-// holder's own fence update); and although the statement's snapshot was
-// taken before the wait, an UPDATE under READ COMMITTED applies to the
-// row's newest committed version (it rechecks and follows the update
-// chain), so the previous holder's increment is never lost — nor a shared
-// holder's, granted beside this one: the second UPDATE of the row waits
-// for the first to commit, and increments what it committed.
-func (p *Provider) lockStatement(lockExpr string, fence bool, owner string) string {
-	if !fence {
-		return `WITH k AS (SELECT id` + p.heldByCols() + ` FROM ` + p.table + ` WHERE key = $1),
-l AS MATERIALIZED (SELECT ` + lockExpr + ` AS ok FROM k)
-SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), NULL::bigint` + heldBySelect
+// The token is nextval of the table's sequence, taken once the lock is
+// held, in the statement's one transaction. It is durable before the
+// statement answers (see the package doc, Fencing tokens): nextval writes
+// WAL once in 32 values (and once after each checkpoint), and that
+// statement commits synchronously (syncCommit) — but a value taken from a
+// range that another transaction logged is safe only once that log
+// record is flushed. So the statement reads the WAL insert position after
+// nextval (the record, inserted before nextval could read the value, ends
+// at or before it), then the flush position: when the flush is behind,
+// or a synchronous standby must have the record too, the transaction
+// writes a transactional logical message, which gives it an xid and WAL,
+// so that its commit flushes (and waits for the standby) past the record.
+//
+// The owner record is the session's application_name (session-level, no
+// write: see ownerRecord), which Inspect and a refusal read through
+// pg_stat_activity for the pids pg_locks shows holding the key.
+func (p *Provider) tail(fence bool, owner, permits string, try bool, after string) string {
+	held := `NULL::jsonb`
+	if try {
+		held = `CASE WHEN NOT coalesce((SELECT ok FROM l), true) THEN (` + p.holdersSQL(`(SELECT id FROM k)`) + `) END`
 	}
-	return `WITH k AS (SELECT id` + p.heldByCols() + ` FROM ` + p.table + ` WHERE key = $1),
-l AS MATERIALIZED (SELECT ` + lockExpr + ` AS ok FROM k),
-u AS (UPDATE ` + p.table + ` SET fence = fence + 1` + owner + ` WHERE id = (SELECT id FROM k) AND (SELECT ok FROM l) RETURNING fence),
-s AS MATERIALIZED (SELECT ` + syncCommit + `)
-SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), (SELECT fence FROM u)` + heldBySelect + ` FROM s`
+	from := ""
+	if after != "" {
+		from = ` FROM ` + after
+	}
+	if !fence {
+		return `
+SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), NULL::bigint, ` + held + from
+	}
+	oi, _ := p.labelInsert(owner)
+	if from == "" {
+		from = ` FROM d`
+	} else {
+		from += `, d`
+	}
+	return `,
+t AS MATERIALIZED (SELECT nextval(` + literal(p.names.seq) + `) AS f FROM l WHERE l.ok),
+w AS MATERIALIZED (SELECT f, pg_current_wal_insert_lsn() AS i FROM t),` + oi + `
+d AS MATERIALIZED (SELECT (SELECT f FROM w) AS f, (SELECT CASE WHEN i > pg_current_wal_flush_lsn() OR current_setting('synchronous_standby_names') <> ''
+	THEN pg_logical_emit_message(true, 'tenace', '') END FROM w) AS flushed, ` + syncCommit + ` AS sc,
+	(SELECT ` + p.ownerRecord(owner, permits) + ` FROM w) AS rec)
+SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), d.f, ` + held + from
 }
 
 // syncCommit makes the acquire statement's transaction commit
-// synchronously, whatever the session's synchronous_commit: the fence must
-// reach the disk before the grant returns, or a crash would hand its token
-// out again. A server tuned with synchronous_commit off (or local, which
-// does not wait for a synchronous standby) gets on for this transaction
-// only (set_config's is_local); remote_write and remote_apply are kept. It
-// is set within the statement rather than as a startup parameter, which a
-// pooler in session mode may refuse.
+// synchronously, whatever the session's synchronous_commit, when it wrote
+// WAL (a nextval that logged, or the message that flushes another's log;
+// see tail): the token must reach the disk before the grant returns, or a
+// crash would hand it out again. A server tuned with synchronous_commit
+// off (or local, which does not wait for a synchronous standby) gets on
+// for this transaction only (set_config's is_local); remote_write and
+// remote_apply are kept. It is set within the statement rather than as a
+// startup parameter, which a pooler in session mode may refuse.
 const syncCommit = `set_config('synchronous_commit', CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' ELSE current_setting('synchronous_commit') END, true)`
 
 // bounded is the lock expression of lock (a pg_advisory_lock function) on
@@ -442,19 +561,19 @@ func (p *Provider) prepareSQL() {
 	// runs before the lock function, as a CASE evaluates its condition
 	// first, and is local to the statement's transaction. Once the lock is
 	// granted, lock_timeout goes back to 0: the bound is the advisory
-	// lock's wait alone. The fence's UPDATE may wait for another grant's
-	// (a shared holder's) to commit, and a lock_timeout there would fail
+	// lock's wait alone. The owner label's first insert may wait for
+	// another's insert of the same label to commit, and a lock_timeout there would fail
 	// the statement with the advisory lock taken — a session lock, which
 	// the transaction's abort does not release — as if the wait had
 	// failed; the caller would take it again (a session's advisory locks
 	// are reentrant) and release it once: a leak.
-	// The grant's owner is the statement's last parameter (see
-	// call.statement), when the table records owners.
-	owner := func(n int, mode lockMode, permits string) string {
-		if !p.recordsOwners() {
+	// The grant's owner label is the statement's last parameter (see
+	// call.statement), when it fences.
+	owner := func(n int) string {
+		if !p.fencing {
 			return ""
 		}
-		return p.ownerSet("$"+strconv.Itoa(n), mode, permits)
+		return "$" + strconv.Itoa(n)
 	}
 	for kind, f := range map[waitKind]func(lock, id string) string{
 		// pg_advisory_lock returns void, which IS NOT NULL.
@@ -468,8 +587,9 @@ func (p *Provider) prepareSQL() {
 		if kind == waitBounded {
 			n = 4
 		}
-		p.lockSQL[kind] = p.lockStatement(f("pg_advisory_lock", "k.id"), p.fencing, owner(n, modeExclusive, ""))
-		p.sharedSQL[kind] = p.lockStatement(f("pg_advisory_lock_shared", "k.id"), p.fencing, owner(n, modeShared, ""))
+		try := kind == waitNone
+		p.lockSQL[kind] = p.lockStatement(f("pg_advisory_lock", "k.id"), p.fencing, owner(n), try)
+		p.sharedSQL[kind] = p.lockStatement(f("pg_advisory_lock_shared", "k.id"), p.fencing, owner(n), try)
 		nParam := "$" + strconv.Itoa(n) // N follows the statement's other parameters
 		shared := f("pg_advisory_lock_shared", "k.id")
 		if kind == waitBounded {
@@ -479,9 +599,9 @@ func (p *Provider) prepareSQL() {
 		if kind == waitNone {
 			gate = "" // NoWait takes no gate
 		}
-		p.entrySQL[kind] = p.permitStatement(gate, shared, nParam, kind == waitNone, owner(n+1, modeShared, nParam))
+		p.entrySQL[kind] = p.permitStatement(gate, shared, nParam, try, owner(n+1))
 		// With the gate held, only the shared wait sets lock_timeout.
-		p.admitSQL[kind] = p.permitStatement("", shared, nParam, kind == waitNone, owner(n+1, modeShared, nParam))
+		p.admitSQL[kind] = p.permitStatement("", shared, nParam, try, owner(n+1))
 	}
 	for mode, m := range map[lockMode]struct{ lock, unlock, lockMode string }{
 		modeExclusive: {"pg_advisory_lock", "pg_advisory_unlock", "ExclusiveLock"},
@@ -492,9 +612,19 @@ func (p *Provider) prepareSQL() {
 		// Checked in pg_locks first: an unlock of a lock not held says so
 		// in a WARNING, to the client and the server's log.
 		p.dropSQL[mode] = `SELECT ` + m.unlock + `($2::int4, k.id) FROM ` + p.table + ` k WHERE k.key = $1 AND ` + mine
-		p.retrySQL[mode] = p.lockStatement(`CASE WHEN `+mine+` THEN true ELSE `+bounded(m.lock, "k.id")+` END`, p.fencing, owner(4, mode, ""))
+		p.retrySQL[mode] = p.lockStatement(`CASE WHEN `+mine+` THEN true ELSE `+bounded(m.lock, "k.id")+` END`, p.fencing, owner(4), false)
 	}
 	p.registerSQL = `INSERT INTO ` + p.table + ` (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
+	p.adding = map[string]string{}
+	for _, set := range [][]string{p.lockSQL[:], p.sharedSQL[:], p.entrySQL[:], p.admitSQL[:], p.retrySQL[:]} {
+		for i, sql := range set {
+			usual, adding := labelled(sql)
+			set[i] = usual
+			if p.fencing {
+				p.adding[usual] = adding
+			}
+		}
+	}
 }
 
 // keyBusy reports whether another caller of this process holds one of

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"tenace.dev/internal/pgtest"
@@ -96,6 +99,74 @@ func TestFencingSurvivesACrashWithAsyncCommit(t *testing.T) {
 	require.NoError(t, l.Release(bg))
 	t.Logf("last token before the crash %d, first after %d", last, tok)
 	require.Greater(t, tok, last, "a token handed out before the crash was handed out again")
+}
+
+// TestFencingSurvivesACrashAfterAnotherLogged: the token is the table's
+// sequence, which writes WAL once in 32 values: a grant that takes a value
+// from a range another transaction logged, that log not flushed yet, must
+// flush it itself before it answers, or a crash hands its token out again.
+// Here the other transaction logs (its nextval is the first after a
+// checkpoint) and stays open, uncommitted, on a server whose WAL writer
+// sleeps 10 s, until the crash. (Without the grant's flush, the first
+// token after the crash was 2, below the grant's 3.)
+func TestFencingSurvivesACrashAfterAnotherLogged(t *testing.T) {
+	srv := pgtest.Start(t)
+	srv.MustExec(t, "ALTER SYSTEM SET wal_writer_delay = '10s'")
+	srv.MustExec(t, "SELECT pg_reload_conf()")
+	p := newProvider(t, srv)
+	key := keyOf(t, "k")
+	l := mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	require.NoError(t, l.Release(bg))
+	other, err := pgx.Connect(bg, srv.ConnString())
+	require.NoError(t, err)
+	defer other.Close(bg)
+	srv.MustExec(t, "CHECKPOINT")
+	tx, err := other.Begin(bg)
+	require.NoError(t, err)
+	var logged int64
+	require.NoError(t, tx.QueryRow(bg, "SELECT nextval('tenace_lock_keys_tokens')").Scan(&logged))
+	l = mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	last := l.(tenace.FencedLease).Token()
+	require.NoError(t, l.Release(bg))
+	t.Logf("the other transaction's value %d, the grant's token %d", logged, last)
+	srv.Kill() // a crash: the WAL buffers are lost
+	srv.Restart(t)
+	l = mustAcquire(t, p, key, tenace.LockAcquireOptions{Timeout: 10 * time.Second})
+	tok := l.(tenace.FencedLease).Token()
+	require.NoError(t, l.Release(bg))
+	t.Logf("first token after the crash %d", tok)
+	require.Greater(t, tok, last, "a token handed out before the crash was handed out again")
+}
+
+// TestATableOfAnOlderVersion: New brings a table made by a version that
+// kept each key's last token in its row (a fence column) up to date: the
+// sequence starts above every token the table gave, and the columns an
+// older provider writes are gone, so that one still running fails rather
+// than hand out a lower token. WithoutSetup refuses such a table.
+func TestATableOfAnOlderVersion(t *testing.T) {
+	srv := server(t)
+	table := "tenace_old_" + strings.ToLower(strconv.FormatInt(time.Now().UnixNano(), 36))
+	srv.MustExec(t, `CREATE TABLE `+table+` (id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY, key bytea NOT NULL UNIQUE,
+	fence bigint NOT NULL DEFAULT 0, owners jsonb);
+	INSERT INTO `+table+` (key, fence) VALUES ('a', 500), ('b', 7)`)
+	_, err := pglock.New(bg, srv.ConnString(), pglock.WithTable(table+"_none"), pglock.WithoutSetup())
+	require.ErrorContains(t, err, "is missing: create it with pglock.Schema")
+	require.NotContains(t, err.Error(), "NULL")
+	_, err = pglock.New(bg, srv.ConnString(), pglock.WithTable(table), pglock.WithoutSetup())
+	require.ErrorContains(t, err, "pglock.Schema")
+	p := newProvider(t, srv, pglock.WithTable(table))
+	for _, key := range []string{"b", "a", "new"} {
+		l := mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+		require.Greater(t, l.(tenace.FencedLease).Token(), uint64(500), "key %q", key)
+		require.NoError(t, l.Release(bg))
+	}
+	require.Equal(t, "0", srv.MustExec(t, `SELECT count(*) FROM pg_attribute WHERE attrelid = '`+table+`'::regclass AND attname IN ('fence', 'owners') AND NOT attisdropped`))
+	// Schema is idempotent on the table it brought up to date.
+	srv.MustExec(t, pglock.Schema(table))
+	q := newProvider(t, srv, pglock.WithTable(table), pglock.WithoutSetup())
+	l := mustAcquire(t, q, "a", tenace.LockAcquireOptions{})
+	require.Greater(t, l.(tenace.FencedLease).Token(), uint64(502))
+	require.NoError(t, l.Release(bg))
 }
 
 // TestRetryAfterDeadConnFindsALiveOne: several idle connections of the
