@@ -17,7 +17,7 @@
 //	id    integer identity primary key   the advisory lock is (table OID, id)
 //	key   bytea unique                   the key's exact bytes
 //	<table>_tokens   sequence            every grant's fencing token (nextval)
-//	<table>_owners   (id, owner text)    each owner label used, once
+//	<table>_owners   (id, owner bytea)   each owner label used, once
 //
 // Acquire runs one statement on a connection of the provider's own pool: it
 // looks up the key's id, takes the session advisory lock
@@ -30,8 +30,10 @@
 // sessions pg_locks shows holding the key. An uncontended grant writes no
 // row, and usually no WAL: no commit to flush. A key's first use inserts
 // its row (one more statement), an owner label's first use its row in
-// the owners table. Release runs pg_advisory_unlock on the same
-// connection and gives the connection back to the pool.
+// the owners table, which keeps one row per label ever used: give labels
+// that name a process or a job kind, not one per call. Release runs
+// pg_advisory_unlock on the same connection and gives the connection back
+// to the pool.
 //
 //   - Keys are exact: any Go string is a key (compared as bytes: no
 //     collation, normalisation or hashing), and two keys are never one lock.
