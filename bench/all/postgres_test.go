@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -98,15 +97,11 @@ func BenchmarkPostgres(b *testing.B) {
 	})
 }
 
-// uncontendedRatios times one uncontended acquire+release of every
-// PostgreSQL peer per iteration, in turn (the order rotates), and reports
-// each one's median and its ratio to pg-hand's: on a shared machine whose
-// load swings within seconds, ops timed side by side compare where cells
-// run one after another do not.
+// uncontendedRatios times every PostgreSQL peer side by side (see
+// sideBySide) and reports each one's median and its ratio to pg-hand's.
 func uncontendedRatios(b *testing.B, conn string) {
 	ctx := context.Background()
 	lockers := make([]load.Locker, len(postgresImpls))
-	times := make([][]time.Duration, len(postgresImpls))
 	hand := -1
 	for i, impl := range postgresImpls {
 		l, err := impl.make(ctx, conn, 4)
@@ -119,23 +114,11 @@ func uncontendedRatios(b *testing.B, conn string) {
 		}
 	}
 	require.GreaterOrEqual(b, hand, 0)
-	n := 0
-	for b.Loop() {
-		for j := range lockers {
-			i := (j + n) % len(lockers)
-			start := time.Now()
-			if err := lockers[i].Do(ctx, "r-"+postgresImpls[i].name, load.Noop); err != nil {
-				b.Fatal(err)
-			}
-			times[i] = append(times[i], time.Since(start))
-		}
-		n++
+	keys := make([]string, len(postgresImpls))
+	for i, impl := range postgresImpls {
+		keys[i] = "r-" + impl.name
 	}
-	medians := make([]time.Duration, len(times))
-	for i, ts := range times {
-		slices.Sort(ts)
-		medians[i] = ts[len(ts)/2]
-	}
+	medians := sideBySide(ctx, b, lockers, keys)
 	for i, impl := range postgresImpls {
 		b.ReportMetric(float64(medians[i].Microseconds()), impl.name+"-µs")
 		if i != hand {

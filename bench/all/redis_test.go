@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -113,23 +112,12 @@ func redisRatio(b *testing.B, addr string) {
 		require.NoError(b, l.Do(ctx, "r-"+impl.name, load.Noop))
 		lockers, names = append(lockers, l), append(names, impl.name)
 	}
-	times := make([][]time.Duration, len(lockers))
-	n := 0
-	for b.Loop() {
-		for j := range lockers {
-			i := (j + n) % len(lockers)
-			start := time.Now()
-			if err := lockers[i].Do(ctx, "r-"+names[i], load.Noop); err != nil {
-				b.Fatal(err)
-			}
-			times[i] = append(times[i], time.Since(start))
-		}
-		n++
+	keys := make([]string, len(names))
+	for i, name := range names {
+		keys[i] = "r-" + name
 	}
-	medians := make([]time.Duration, len(times))
-	for i, ts := range times {
-		slices.Sort(ts)
-		medians[i] = ts[len(ts)/2]
+	medians := sideBySide(ctx, b, lockers, keys)
+	for i := range medians {
 		b.ReportMetric(float64(medians[i].Nanoseconds())/1e3, names[i]+"-µs")
 	}
 	b.ReportMetric(float64(medians[0])/float64(medians[1]), names[0]+"/"+names[1])
