@@ -73,19 +73,34 @@ func acquireAsync(ctx context.Context, p tenace.LockProvider, key string, opts t
 	return r
 }
 
-// countingHook counts the acquire-script runs (EVALSHA, and EVAL when the
-// script is not cached yet) that go through a client: the one script with
-// five keys.
+// countingHook counts the tries of Acquire that go through a client: the
+// acquire scripts' runs (EVALSHA, or EVAL when the script is not cached
+// yet: a NOSCRIPT refusal is not a run), each counted once its reply came
+// (or failed), except a first try's answer that sends the same try on to
+// the full script ({-2, 0}, see acquireFirstScript): that try is counted
+// by the full script's run.
 type countingHook struct{ acquires atomic.Int64 }
 
 func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if redislock.ScriptName(cmd) == "acquire" {
+		err := next(ctx, cmd)
+		if redislock.ScriptName(cmd) == "acquire" && !redis.HasErrorPrefix(err, "NOSCRIPT") && !passedOn(cmd) {
 			h.acquires.Add(1)
 		}
-		return next(ctx, cmd)
+		return err
 	}
+}
+
+// passedOn reports whether cmd, an acquire script's run, answered {-2, 0}:
+// the try goes on with the full script.
+func passedOn(cmd redis.Cmder) bool {
+	c, ok := cmd.(*redis.Cmd)
+	if !ok {
+		return false
+	}
+	res, err := c.Slice()
+	return err == nil && len(res) > 0 && res[0] == int64(-2)
 }
 func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
