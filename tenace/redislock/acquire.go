@@ -33,7 +33,7 @@ import (
 // is live (the exclusive caller's grant reads no holders), and the name is
 // deleted with the last one.
 //
-// It begins with fenceLua (micros(), nextFence). now() is the server's
+// It begins with fenceLua (clock(), nextFence). now() is the server's
 // TIME in ms (a script reads TIME once: the fence and the expiries come
 // from the same reading); prune(h, now) drops the holders of
 // sorted set h that expired; settle(lock, h, now) deletes lock and h once h
@@ -47,7 +47,8 @@ const sharedLua = fenceLua + sharedOnlyLua
 // fast path needs fenceLua alone.
 const sharedOnlyLua = `
 local function now()
-	return math.floor(micros() / 1000)
+	local us = clock()
+	return math.floor(us / 1000)
 end
 local function prune(h, ms)
 	redis.call('ZREMRANGEBYSCORE', h, '-inf', ms)
@@ -85,8 +86,7 @@ end
 
 // fenceLua is the fencing rule, in the one place every script that grants
 // a key takes it from: clock() is the server's TIME, as µs (a number) and
-// as the decimal strings of its µs and ms; micros() is its µs alone;
-// nextFence(k, us, s) advances the fencing counter k and returns the new
+// as the decimal strings of its µs and ms; nextFence(k, us, s) advances the fencing counter k and returns the new
 // token, as a number and a decimal string (us and s: clock()'s µs);
 // owned(mode, ms, fence, owner) is a grant's owner record (see parseOwned),
 // from the strings of its ms and its token.
@@ -115,10 +115,6 @@ local function clock()
 	local t = redis.call('TIME')
 	local u = string.sub('00000' .. t[2], -6)
 	return tonumber(t[1]) * 1000000 + tonumber(t[2]), t[1] .. u, t[1] .. string.sub(u, 1, 3)
-end
-local function micros()
-	local us = clock()
-	return us
 end
 local function nextFence(k, us, s)
 	local last = tonumber(redis.call('SET', k, s, 'GET') or '0')
@@ -326,7 +322,9 @@ return {1, fence}
 // returns what acquireScript returns for an exclusive caller that finds no
 // lock (a grant, or {-1, 0}: voided), that finds the key its own (a copy
 // of this try that go-redis sent again), or that an exclusive grant of
-// this version refuses ({0, ms, 0, owner record}); anything else (shared
+// this version refuses ({0, ms, 0, owner record}), except that a grant is
+// its fencing token alone, an integer (an array reply costs the server a
+// table and its conversion); anything else (shared
 // holders, whom an exclusive waiter may mark, or an exclusive record kept
 // apart in the owners by an earlier version) is {-2, 0}: run acquireScript
 // with every key at once. A first try has no earlier try that could have
@@ -342,10 +340,10 @@ if not holder then
 	if redis.call('EXISTS', KEYS[2]) == 1 then
 		return {-1, 0}
 	end
-	return {1, grantExclusive(clock())}
+	return grantExclusive(clock())
 end
 if holds(holder, ARGV[1]) then
-	return {1, tonumber(redis.call('GET', KEYS[3]) or '0')}
+	return tonumber(redis.call('GET', KEYS[3]) or '0')
 end
 local sp = string.find(holder, ' ', 1, true)
 if sp then
@@ -783,15 +781,20 @@ func (a *attempt) pxArg() any {
 	return a.p.windowArg
 }
 
-// send runs s with a's call once, and reads its reply (see run).
+// send runs s with a's call once, and reads its reply (see run): an
+// integer is a grant's fencing token (acquireFirstScript's grant).
 func (a *attempt) send(ctx context.Context, s *script) ([3]int64, error) {
 	var out [3]int64
-	res, err := s.run(ctx, a.p.client, a.argv).Slice()
+	reply, err := s.run(ctx, a.p.client, a.argv).Result()
 	if err != nil {
 		return out, err
 	}
-	if len(res) < 2 {
-		return out, fmt.Errorf("unexpected script reply %v", res)
+	if fence, ok := reply.(int64); ok {
+		return [3]int64{1, fence}, nil
+	}
+	res, ok := reply.([]any)
+	if !ok || len(res) < 2 {
+		return out, fmt.Errorf("unexpected script reply %v", reply)
 	}
 	for i, v := range res[:min(len(res), 3)] {
 		n, ok := v.(int64)

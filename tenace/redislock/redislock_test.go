@@ -578,6 +578,37 @@ func TestALateCopyOfAnAcquireTakesNothingAfterTheRelease(t *testing.T) {
 	require.ErrorIs(t, err, redis.Nil, "nobody holds the key")
 }
 
+// A copy of a granted acquire's first try (go-redis sent it again after a
+// lost reply) that reaches the server while the lease holds the key is
+// answered with the lease's own fencing token, and takes nothing more; a
+// copy of a try that went on to the full script (shared holders refused
+// the first) is idempotent too.
+func TestACopyOfTheGrantingTryGetsTheSameToken(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newClient(t, srv.Addr)
+	p := newProvider(t, c)
+	l := mustAcquire(t, p, "copy", tenace.LockAcquireOptions{})
+	got, err := redislock.RunAcquireScriptReply(bg, l)
+	require.NoError(t, err)
+	require.Equal(t, [3]int64{1, int64(l.(tenace.FencedLease).Token()), 0}, got)
+	require.NoError(t, l.Release(bg))
+	n, err := redislock.RunAcquireScript(bg, l)
+	require.NoError(t, err)
+	require.Equal(t, int64(-1), n, "after the release, the copy was refused as void")
+
+	r := mustAcquire(t, p, "copy", tenace.LockAcquireOptions{Shared: true})
+	w := acquireAsync(bg, p, "copy", tenace.LockAcquireOptions{Timeout: 5 * time.Second})
+	waitSubscribed(t, c, "copy", 1)
+	require.NoError(t, r.Release(bg))
+	wr := <-w
+	require.NoError(t, wr.err)
+	require.NotNil(t, wr.lease)
+	got, err = redislock.RunAcquireScriptReply(bg, wr.lease)
+	require.NoError(t, err)
+	require.Equal(t, [3]int64{1, int64(wr.lease.(tenace.FencedLease).Token()), 0}, got)
+	require.NoError(t, wr.lease.Release(bg))
+}
+
 // The void markers outlive a TTL far below the window: a release's marker
 // still tells a retry of that release, past the TTL, that the release was
 // done, and still refuses a late copy of the grant's acquire; a void's
