@@ -33,7 +33,7 @@ import (
 // is live (the exclusive caller's grant reads no holders), and the name is
 // deleted with the last one.
 //
-// It begins with fenceLua (micros(), nextFence). now() is the server's
+// It begins with fenceLua (clock(), nextFence). now() is the server's
 // TIME in ms (a script reads TIME once: the fence and the expiries come
 // from the same reading); prune(h, now) drops the holders of
 // sorted set h that expired; settle(lock, h, now) deletes lock and h once h
@@ -47,7 +47,8 @@ const sharedLua = fenceLua + sharedOnlyLua
 // fast path needs fenceLua alone.
 const sharedOnlyLua = `
 local function now()
-	return math.floor(micros() / 1000)
+	local us = clock()
+	return math.floor(us / 1000)
 end
 local function prune(h, ms)
 	redis.call('ZREMRANGEBYSCORE', h, '-inf', ms)
@@ -84,10 +85,11 @@ end
 `
 
 // fenceLua is the fencing rule, in the one place every script that grants
-// a key takes it from: micros() is the server's TIME in µs;
-// nextFence(k, us) advances the fencing counter k and returns the new
-// token; owned(mode, us, fence, owner) is a grant's owner record (see
-// parseOwned).
+// a key takes it from: clock() is the server's TIME, as µs (a number) and
+// as the decimal strings of its µs and ms; nextFence(k, us, s) advances the fencing counter k and returns the new
+// token, as a number and a decimal string (us and s: clock()'s µs);
+// owned(mode, ms, fence, owner) is a grant's owner record (see parseOwned),
+// from the strings of its ms and its token.
 //
 // The fencing token is max(counter + 1, the server's TIME in µs): strictly
 // above every earlier token of the key while the counter lives, and, after
@@ -102,23 +104,29 @@ end
 // The counter is read and written in one command (SET … GET writes the
 // clock's reading and returns the previous token); only when that token
 // is at or past the clock is it written again, as its successor.
-// Lua numbers are doubles, exact below 2^53 (µs since 1970 are about 2^51),
-// and formatted with %.0f, since tostring would round to 14 digits.
+// Lua numbers are doubles, exact below 2^53 (µs since 1970 are about 2^51).
+// The strings are cut from TIME's own (seconds, and µs padded to six
+// digits), which costs the server less than formatting a number (Lua's
+// string.format or a number given to redis.call: C's printf of a double);
+// only the counter's successor, in the rare grant that needs it, is
+// formatted, with %.0f, since tostring would round to 14 digits.
 const fenceLua = `
-local function micros()
+local function clock()
 	local t = redis.call('TIME')
-	return tonumber(t[1]) * 1000000 + tonumber(t[2])
+	local u = string.sub('00000' .. t[2], -6)
+	return tonumber(t[1]) * 1000000 + tonumber(t[2]), t[1] .. u, t[1] .. string.sub(u, 1, 3)
 end
-local function nextFence(k, us)
-	local last = tonumber(redis.call('SET', k, string.format('%.0f', us), 'GET') or '0')
+local function nextFence(k, us, s)
+	local last = tonumber(redis.call('SET', k, s, 'GET') or '0')
 	if last < us then
-		return us
+		return us, s
 	end
-	redis.call('SET', k, string.format('%.0f', last + 1))
-	return last + 1
+	s = string.format('%.0f', last + 1)
+	redis.call('SET', k, s)
+	return last + 1, s
 end
-local function owned(mode, us, fence, owner)
-	return mode .. ' ' .. string.format('%.0f', math.floor(us / 1000)) .. ' ' .. string.format('%.0f', fence) .. ' ' .. owner
+local function owned(mode, ms, fence, owner)
+	return mode .. ' ' .. ms .. ' ' .. fence .. ' ' .. owner
 end
 `
 
@@ -137,23 +145,23 @@ end
 // acquireScript: KEYS[1] the lock, KEYS[2] the void marker of this token,
 // KEYS[3] its fencing counter, KEYS[4] the shared holders, KEYS[5] the
 // writers waiting, KEYS[6] the owners (ownersSuffix); ARGV[1] the token,
-// ARGV[2] the first expiry in ms, ARGV[3] "1" for a shared caller,
-// ARGV[4] its permit count, ARGV[5] the life in ms of an exclusive
-// waiter's mark (0: it does not mark), ARGV[6] a void marker's life in ms,
-// ARGV[7] the grant's owner label, ARGV[8] "1" when an earlier try of the
-// same Acquire may have marked the key (an exclusive caller's grant then
-// takes its mark off the writers waiting; a first try has none to take: a
-// copy of it that go-redis sent again after a lost reply, and which marked
-// the first time, leaves its mark to lapse, as a try whose reply was lost
-// does). A grant records its owner (see parseOwned): an exclusive one in
-// the lock's value, after its token (see holdsLua), a shared one in the
-// owners; a refusal returns, fourth, the owner record of the holder it saw
-// (nil when that grant has none). Every name the script reads or writes is a declared key: while a
-// Cluster migrates the key's slot, Redis redirects the script or asks it
-// to try again by its declared keys only, rather than run it where some of
-// them are already gone (a void marker missing there would let a voided
-// token take the key). The release script takes the first two
-// (attempt.keys).
+// ARGV[2] the first expiry in ms, ARGV[3] the grant's owner label, ARGV[4]
+// "1" for a shared caller, ARGV[5] its permit count, ARGV[6] the life in ms
+// of an exclusive waiter's mark (0: it does not mark), ARGV[7] a void
+// marker's life in ms, ARGV[8] "1" when an earlier try of the same Acquire
+// may have marked the key (an exclusive caller's grant then takes its mark
+// off the writers waiting; a try with none before it that could have
+// marked has none to take: a copy of it that go-redis sent again after a
+// lost reply, and which marked the first time, leaves its mark to lapse,
+// as a try whose reply was lost does). A grant records its owner (see
+// parseOwned): an exclusive one in the lock's value, after its token (see
+// holdsLua), a shared one in the owners; a refusal returns, fourth, the
+// owner record of the holder it saw (nil when that grant has none). Every
+// name the script reads or writes is a declared key: while a Cluster
+// migrates the key's slot, Redis redirects the script or asks it to try
+// again by its declared keys only, rather than run it where some of them
+// are already gone (a void marker missing there would let a voided token
+// take the key). The release script takes the first two (attempt.keys).
 //
 // Returns {1, fence} when the key is this token's: granted now, or by an
 // earlier run of the same acquire whose reply was lost (go-redis retries a
@@ -167,11 +175,11 @@ end
 // the key afterwards.
 //
 // An exclusive caller is granted only if nobody holds the key, shared or
-// not; when shared holders refuse it and it marks (ARGV[5] > 0), it adds
+// not; when shared holders refuse it and it marks (ARGV[6] > 0), it adds
 // itself to the writers waiting, and a shared caller is refused while any
 // is there (see the package doc, Fairness). A shared caller is granted if no exclusive
 // holder holds the key, no writer waits, and its live holders are fewer
-// than the key's count (the first holder's ARGV[4]; 0: no limit). A shared
+// than the key's count (the first holder's ARGV[5]; 0: no limit). A shared
 // grant is a member of the holders and a marker, in the token's void
 // marker, that keeps its fencing token for a retry of the same acquire.
 // The fencing token follows fenceLua's rule.
@@ -179,22 +187,34 @@ end
 // The common case comes first and reads only what it needs: an exclusive
 // caller that finds no lock name (so no holder, shared or not: see
 // sharedLua) checks its void marker and is granted, without the holders'
-// functions or reads.
+// functions or reads. An exclusive caller's first try runs
+// acquireFirstScript instead, which is that case alone.
 var acquireScript = newScript("acquire", acquireLua)
 
-// acquireLua is acquireScript's source.
+// grantLua is grantExclusive(us, s, ms): the exclusive grant of the
+// acquire scripts, KEYS[1] to ARGV[1] with the expiry ARGV[2] and the
+// owner label ARGV[3], its token from the counter KEYS[3] (us, s, ms: the
+// clock, see fenceLua). It returns the fencing token.
+const grantLua = `
+local function grantExclusive(us, s, ms)
+	local fence, f = nextFence(KEYS[3], us, s)
+	redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. owned('x', ms, f, ARGV[3]), 'PX', ARGV[2])
+	return fence
+end
+`
+
+// acquireScript's source.
 const acquireLua = `
 redis.replicate_commands()
-` + fenceLua + holdsLua + `
+` + fenceLua + holdsLua + grantLua + `
 local voidKey, fenceKey, holders, writers, owners = KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local holder = redis.call('GET', KEYS[1])
 if holds(holder, ARGV[1]) then
 	return {1, tonumber(redis.call('GET', fenceKey) or '0')}
 end
-local shared = ARGV[3] == '1'
-local function grantExclusive(us)
-	local fence = nextFence(fenceKey, us)
-	redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. owned('x', us, fence, ARGV[7]), 'PX', ARGV[2])
+local shared = ARGV[4] == '1'
+local function grantWriter(us, s, ms)
+	local fence = grantExclusive(us, s, ms)
 	if ARGV[8] == '1' then
 		redis.call('ZREM', writers, ARGV[1])
 	end
@@ -204,7 +224,7 @@ if not holder and not shared then
 	if redis.call('EXISTS', voidKey) == 1 then
 		return {-1, 0}
 	end
-	return grantExclusive(micros())
+	return grantWriter(clock())
 end
 ` + sharedOnlyLua + `
 if holder and not isShared(holder) then
@@ -217,7 +237,7 @@ if holder and not isShared(holder) then
 	end
 	return {0, redis.call('PTTL', KEYS[1]), 0, by}
 end
-local us = micros()
+local us, usS, msS = clock()
 local ms = math.floor(us / 1000)
 local void = redis.call('GET', voidKey)
 if shared and void and string.sub(void, 1, 5) == 'held:' then
@@ -248,16 +268,16 @@ local function firstExpiry()
 end
 if not shared then
 	if live > 0 then
-		if tonumber(ARGV[5]) > 0 then
-			redis.call('ZADD', writers, ms + tonumber(ARGV[5]), ARGV[1])
-			extend(writers, tonumber(ARGV[5]))
+		if tonumber(ARGV[6]) > 0 then
+			redis.call('ZADD', writers, ms + tonumber(ARGV[6]), ARGV[1])
+			extend(writers, tonumber(ARGV[6]))
 			local px, by = firstExpiry()
 			return {0, px, 2, by}
 		end
 		local px, by = firstExpiry()
 		return {0, px, 0, by}
 	end
-	return grantExclusive(us)
+	return grantWriter(us, usS, msS)
 end
 if redis.call('EXISTS', writers) == 1 then
 	prune(writers, ms)
@@ -266,7 +286,7 @@ if redis.call('EXISTS', writers) == 1 then
 		return {0, tonumber(w[2]) - ms, 1}
 	end
 end
-local count = ARGV[4]
+local count = ARGV[5]
 if holder then
 	count = string.sub(holder, 8)
 end
@@ -274,7 +294,7 @@ if tonumber(count) > 0 and live >= tonumber(count) then
 	local px, by = firstExpiry()
 	return {0, px, 0, by}
 end
-local fence = nextFence(fenceKey, us)
+local fence, fenceS = nextFence(fenceKey, us, usS)
 local px = tonumber(ARGV[2])
 redis.call('ZADD', holders, ms + px, ARGV[1])
 if redis.call('HLEN', owners) > 2 * live + 8 then
@@ -284,8 +304,8 @@ if redis.call('HLEN', owners) > 2 * live + 8 then
 		end
 	end
 end
-redis.call('HSET', owners, ARGV[1], owned('s' .. count, us, fence, ARGV[7]))
-redis.call('SET', voidKey, 'held:' .. string.format('%.0f', fence), 'PX', ARGV[6])
+redis.call('HSET', owners, ARGV[1], owned('s' .. count, msS, fenceS, ARGV[3]))
+redis.call('SET', voidKey, 'held:' .. fenceS, 'PX', ARGV[7])
 if holder then
 	extendTo(KEYS[1], ms, ms + px)
 else
@@ -293,6 +313,43 @@ else
 end
 extend(holders, px)
 return {1, fence}
+`
+
+// acquireFirstScript is an exclusive caller's first try: acquireScript's
+// common case alone, with the first three of its keys (the lock, the void
+// marker, the fencing counter) and of its arguments (the token, the first
+// expiry, the owner label), which is what that case touches and reads. It
+// returns what acquireScript returns for an exclusive caller that finds no
+// lock (a grant, or {-1, 0}: voided), that finds the key its own (a copy
+// of this try that go-redis sent again), or that an exclusive grant of
+// this version refuses ({0, ms, 0, owner record}), except that a grant is
+// its fencing token alone, an integer (an array reply costs the server a
+// table and its conversion); anything else (shared
+// holders, whom an exclusive waiter may mark, or an exclusive record kept
+// apart in the owners by an earlier version) is {-2, 0}: run acquireScript
+// with every key at once. A first try has no earlier try that could have
+// marked the key, so it has no mark to take off either.
+var acquireFirstScript = newScript("acquire", acquireFirstLua)
+
+// acquireFirstScript's source.
+const acquireFirstLua = `
+redis.replicate_commands()
+` + fenceLua + holdsLua + grantLua + `
+local holder = redis.call('GET', KEYS[1])
+if not holder then
+	if redis.call('EXISTS', KEYS[2]) == 1 then
+		return {-1, 0}
+	end
+	return grantExclusive(clock())
+end
+if holds(holder, ARGV[1]) then
+	return tonumber(redis.call('GET', KEYS[3]) or '0')
+end
+local sp = string.find(holder, ' ', 1, true)
+if sp then
+	return {0, redis.call('PTTL', KEYS[1]), 0, string.sub(holder, sp + 1)}
+end
+return {-2, 0}
 `
 
 // attempt is one Acquire call: every try of it sends the same token, so
@@ -312,7 +369,9 @@ type attempt struct {
 	heldTTL             int64         // with heldBy: the holder's TTL in ms that refusal returned
 	keys                []string      // the acquire script's keys (see acquireScript), in names
 	names               [7]string     // keys, then the release channel
-	argv                []any         // the acquire script's call (see script.call), made by the first try
+	argv                []any         // the acquire script's call (see script.call), made by the first try: acquireFirstScript's if first
+	first               bool          // argv is acquireFirstScript's call
+	tokenArg            any           // token, boxed once for the scripts (nil until a call is made)
 }
 
 func (p *Provider) newAttempt(key string, ttl time.Duration) *attempt {
@@ -658,38 +717,84 @@ func (a *attempt) channels() []string { return a.names[6:7] }
 func (a *attempt) exclusive() bool    { return !a.shared }
 
 // run runs the acquire script once and returns the integers its reply
-// begins with (the third 0 when the reply has two).
-// Its call is made once, on the first try: a waiter's later tries
-// allocate none.
+// begins with (the third 0 when the reply has two): an exclusive caller's
+// first try runs acquireFirstScript, and acquireScript at once after it
+// if that answers {-2, 0}; every other try runs acquireScript.
+// Each call is made once: a waiter's later tries allocate none.
 func (a *attempt) run(ctx context.Context) ([3]int64, error) {
-	if a.argv == nil {
-		shared := argExclusive
-		if a.shared {
-			shared = argShared
-		}
-		mark := argNone
-		if a.markMS > 0 {
-			mark = a.p.markArg
-		}
-		px := a.p.windowArg
-		if a.pxMS != a.p.window.Milliseconds() {
-			px = a.pxMS
-		}
-		a.argv = acquireScript.call(len(a.keys), 8)
-		for _, k := range a.keys {
+	switch {
+	case a.argv == nil && !a.shared:
+		a.argv = acquireFirstScript.call(3, 3)
+		for _, k := range a.keys[:3] {
 			a.argv = append(a.argv, k)
 		}
-		a.argv = append(a.argv, a.token, px, shared, a.permits, mark, a.p.voidArg, a.owner, argExclusive)
-	} else if a.markMS > 0 {
+		a.tokenArg = a.token
+		a.argv = append(a.argv, a.tokenArg, a.pxArg(), a.owner)
+		a.first = true
+		out, err := a.send(ctx, acquireFirstScript)
+		if err != nil || out[0] != -2 {
+			return out, err
+		}
+		a.fullCall()
+	case a.argv == nil || a.first:
+		a.fullCall()
+	case a.markMS > 0:
 		a.argv[len(a.argv)-1] = argShared // "1": an earlier try may have marked
 	}
+	return a.send(ctx, acquireScript)
+}
+
+// fullCall makes a's acquireScript call (see script.call), reusing the
+// boxed names and arguments of its acquireFirstScript call if it made one.
+func (a *attempt) fullCall() {
+	argv := acquireScript.call(len(a.keys), 8)
+	keys := a.keys
+	px := a.pxArg()
+	if a.first {
+		argv = append(argv, a.argv[3:6]...)
+		keys = keys[3:]
+		px = a.argv[7]
+	}
+	for _, k := range keys {
+		argv = append(argv, k)
+	}
+	if a.tokenArg == nil {
+		a.tokenArg = a.token
+	}
+	shared, mark := argExclusive, argNone
+	if a.shared {
+		shared = argShared
+	}
+	if a.markMS > 0 {
+		mark = a.p.markArg
+	}
+	a.argv = append(argv, a.tokenArg, px, a.owner, shared, a.permits, mark, a.p.voidArg, argExclusive)
+	a.first = false
+}
+
+// pxArg is a's first expiry in ms as an argument: the provider's, boxed
+// once, unless a's TTL is shorter.
+func (a *attempt) pxArg() any {
+	if a.pxMS != a.p.window.Milliseconds() {
+		return a.pxMS
+	}
+	return a.p.windowArg
+}
+
+// send runs s with a's call once, and reads its reply (see run): an
+// integer is a grant's fencing token (acquireFirstScript's grant).
+func (a *attempt) send(ctx context.Context, s *script) ([3]int64, error) {
 	var out [3]int64
-	res, err := acquireScript.run(ctx, a.p.client, a.argv).Slice()
+	reply, err := s.run(ctx, a.p.client, a.argv).Result()
 	if err != nil {
 		return out, err
 	}
-	if len(res) < 2 {
-		return out, fmt.Errorf("unexpected script reply %v", res)
+	if fence, ok := reply.(int64); ok {
+		return [3]int64{1, fence}, nil
+	}
+	res, ok := reply.([]any)
+	if !ok || len(res) < 2 {
+		return out, fmt.Errorf("unexpected script reply %v", reply)
 	}
 	for i, v := range res[:min(len(res), 3)] {
 		n, ok := v.(int64)

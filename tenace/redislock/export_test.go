@@ -15,10 +15,11 @@ func RunReleaseScript(ctx context.Context, l tenace.LockLease) (int, error) {
 }
 
 // RunAcquireScript runs the acquire script of l's Acquire once more, as a
-// copy of it that reaches the server late would, and returns the first
-// element of its reply: 1 granted, 0 held by another token, -1 voided.
+// copy of it that reaches the server late would (the call its last try
+// sent, to the same script), and returns the first element of its reply:
+// 1 granted, 0 held by another token, -1 voided.
 func RunAcquireScript(ctx context.Context, l tenace.LockLease) (int64, error) {
-	res, err := l.(*lease).a.run(ctx)
+	res, err := RunAcquireScriptReply(ctx, l)
 	if err != nil {
 		return 0, err
 	}
@@ -28,7 +29,12 @@ func RunAcquireScript(ctx context.Context, l tenace.LockLease) (int64, error) {
 // RunAcquireScriptReply is RunAcquireScript with the integers the reply
 // begins with (the third 0 when the reply has two).
 func RunAcquireScriptReply(ctx context.Context, l tenace.LockLease) ([3]int64, error) {
-	return l.(*lease).a.run(ctx)
+	a := l.(*lease).a
+	s := acquireScript
+	if a.first {
+		s = acquireFirstScript
+	}
+	return a.send(ctx, s)
 }
 
 // OnPubSubBackoff makes p's Pub/Sub receive loops call f with each pause

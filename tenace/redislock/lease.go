@@ -158,7 +158,10 @@ var (
 // timers.
 func (p *Provider) newLease(a *attempt, fence uint64, sent time.Time) *lease {
 	px := time.Duration(a.pxMS) * time.Millisecond
-	l := &lease{a: a, fence: fence, keys: a.keys[:1], token: a.token, state: stateHeld, expiry: sent.Add(px)}
+	l := &lease{a: a, fence: fence, keys: a.keys[:1], token: a.tokenArg, state: stateHeld, expiry: sent.Add(px)}
+	if l.token == nil {
+		l.token = a.token
+	}
 	if a.shared {
 		l.keys = []string{a.lockKey, a.holdersKey()}
 	}

@@ -73,19 +73,34 @@ func acquireAsync(ctx context.Context, p tenace.LockProvider, key string, opts t
 	return r
 }
 
-// countingHook counts the acquire-script runs (EVALSHA, and EVAL when the
-// script is not cached yet) that go through a client: the one script with
-// five keys.
+// countingHook counts the tries of Acquire that go through a client: the
+// acquire scripts' runs (EVALSHA, or EVAL when the script is not cached
+// yet: a NOSCRIPT refusal is not a run), each counted once its reply came
+// (or failed), except a first try's answer that sends the same try on to
+// the full script ({-2, 0}, see acquireFirstScript): that try is counted
+// by the full script's run.
 type countingHook struct{ acquires atomic.Int64 }
 
 func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if redislock.ScriptName(cmd) == "acquire" {
+		err := next(ctx, cmd)
+		if redislock.ScriptName(cmd) == "acquire" && !redis.HasErrorPrefix(err, "NOSCRIPT") && !passedOn(cmd) {
 			h.acquires.Add(1)
 		}
-		return next(ctx, cmd)
+		return err
 	}
+}
+
+// passedOn reports whether cmd, an acquire script's run, answered {-2, 0}:
+// the try goes on with the full script.
+func passedOn(cmd redis.Cmder) bool {
+	c, ok := cmd.(*redis.Cmd)
+	if !ok {
+		return false
+	}
+	res, err := c.Slice()
+	return err == nil && len(res) > 0 && res[0] == int64(-2)
 }
 func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
@@ -561,6 +576,37 @@ func TestALateCopyOfAnAcquireTakesNothingAfterTheRelease(t *testing.T) {
 	require.Equal(t, int64(-1), got, "the late copy was refused as void")
 	_, err = c.Get(bg, "tenace:lock:{late}").Result()
 	require.ErrorIs(t, err, redis.Nil, "nobody holds the key")
+}
+
+// A copy of a granted acquire's first try (go-redis sent it again after a
+// lost reply) that reaches the server while the lease holds the key is
+// answered with the lease's own fencing token, and takes nothing more; a
+// copy of a try that went on to the full script (shared holders refused
+// the first) is idempotent too.
+func TestACopyOfTheGrantingTryGetsTheSameToken(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newClient(t, srv.Addr)
+	p := newProvider(t, c)
+	l := mustAcquire(t, p, "copy", tenace.LockAcquireOptions{})
+	got, err := redislock.RunAcquireScriptReply(bg, l)
+	require.NoError(t, err)
+	require.Equal(t, [3]int64{1, int64(l.(tenace.FencedLease).Token()), 0}, got)
+	require.NoError(t, l.Release(bg))
+	n, err := redislock.RunAcquireScript(bg, l)
+	require.NoError(t, err)
+	require.Equal(t, int64(-1), n, "after the release, the copy was refused as void")
+
+	r := mustAcquire(t, p, "copy", tenace.LockAcquireOptions{Shared: true})
+	w := acquireAsync(bg, p, "copy", tenace.LockAcquireOptions{Timeout: 5 * time.Second})
+	waitSubscribed(t, c, "copy", 1)
+	require.NoError(t, r.Release(bg))
+	wr := <-w
+	require.NoError(t, wr.err)
+	require.NotNil(t, wr.lease)
+	got, err = redislock.RunAcquireScriptReply(bg, wr.lease)
+	require.NoError(t, err)
+	require.Equal(t, [3]int64{1, int64(wr.lease.(tenace.FencedLease).Token()), 0}, got)
+	require.NoError(t, wr.lease.Release(bg))
 }
 
 // The void markers outlive a TTL far below the window: a release's marker

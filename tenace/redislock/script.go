@@ -57,7 +57,10 @@ func (s *script) run(ctx context.Context, c redis.UniversalClient, argv []any) *
 
 // ScriptName names the script of this package that cmd runs, for a client
 // hook (redis.Hook) that logs, counts or fails the provider's calls by what
-// they do: "acquire" (Acquire's tries), "acquireSet" (AcquireSet's on one
+// they do: "acquire" (Acquire's tries; an exclusive caller's first try
+// runs a script of its own, and, when shared holders (or a grant of an
+// earlier version, whose record is kept apart) hold the key, the
+// full one after it, both named "acquire"), "acquireSet" (AcquireSet's on one
 // slot), "renew", "release", "void" (the janitor's undoing of an acquire
 // whose outcome was unknown), "sharedRenew", "sharedRelease", "sharedVoid"
 // (the same for a shared lease), "unmark" (a waiting writer that gave up)

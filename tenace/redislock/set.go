@@ -59,17 +59,17 @@ if minttl ~= nil then
 	end
 	return res
 end
-local us = micros()
+local us, usS, msS = clock()
 local res = {1}
 for i = 1, n do
 	if own[i] then
 		res[1+i] = tonumber(redis.call('GET', KEYS[3*i-1]) or '0')
 	else
-		local fence = nextFence(KEYS[3*i-1], us)
+		local fence, f = nextFence(KEYS[3*i-1], us, usS)
 		res[1+i] = fence
 		local v = ARGV[1+i]
 		if ARGV[2+n] then
-			v = v .. ' ' .. owned('x', us, fence, ARGV[2+n])
+			v = v .. ' ' .. owned('x', msS, f, ARGV[2+n])
 		end
 		redis.call('SET', KEYS[3*i-2], v, 'PX', ARGV[1])
 	end
