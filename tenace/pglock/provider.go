@@ -67,6 +67,9 @@ type Provider struct {
 	labels   map[string]struct{}
 	names    names         // the table's relations: its sequence of tokens, its owner labels
 	slots    chan struct{} // a token per connection in use (held + waiting); cap maxConns
+	// poller starts an idle session's watcher when its socket becomes
+	// readable; nil where the system has none (see session.put).
+	poller *poller
 
 	// The acquire statements, by how they wait (waitKind): lockSQL takes
 	// the key exclusive, sharedSQL shared (Permits 0); entrySQL takes a
@@ -372,6 +375,7 @@ func NewWithConfig(ctx context.Context, cfg *pgxpool.Config, opts ...Option) (*P
 		return nil, err
 	}
 	p.prepareSQL()
+	p.poller = newPoller()
 	return p, nil
 }
 
@@ -702,6 +706,9 @@ func (p *Provider) Close() error {
 		// The calls that Acquire left to end in the background (see
 		// call): their context ended with Close, and each is bounded.
 		p.workers.Wait()
+		if p.poller != nil {
+			p.poller.close()
+		}
 		p.pool.Close()
 	})
 	return nil
