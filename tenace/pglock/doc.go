@@ -41,8 +41,9 @@
 //     as first integer, so they cannot meet the single-bigint advisory locks
 //     an application takes by hand; do not use pg_advisory_lock(int, int)
 //     with that OID yourself. A table holds up to 2³¹−1 keys, and keeps one
-//     row per key ever used (rows must never be deleted: a key whose row
-//     vanished while locked fails its acquire). A key must fit in a B-tree
+//     row per key ever used (rows must never be deleted: a provider
+//     remembers the ids of the keys it granted, so a key whose row was
+//     deleted and inserted again would be two locks). A key must fit in a B-tree
 //     index entry: up to about 2,700 bytes after compression (a longer one
 //     fails with the server's error; hash it yourself if you need longer
 //     keys).
@@ -52,16 +53,16 @@
 //     keys, with gaps (a crash skips up to 32). A token never comes back
 //     after a crash or an immediate shutdown, because it is on disk before
 //     the grant answers: nextval writes WAL once in 32 values (and first
-//     after each checkpoint), logging the value 32 ahead, and the statement
-//     that logs has an xid, so its commit flushes that WAL (the acquire
-//     statement commits synchronously: it sets synchronous_commit to on for
-//     its own transaction when the session's is off or local). A value
-//     taken from a range that another transaction logged is safe once that
-//     record is flushed; the acquire statement reads the WAL insert
-//     position after its nextval (the record ends at or before it) and then
-//     the flush position, and when the flush is behind it writes a
-//     transactional logical message (pg_logical_emit_message), whose commit
-//     flushes past the record (TestFencingSurvivesACrashAfterAnotherLogged).
+//     after each checkpoint), logging the value 32 ahead, and a value is
+//     safe once that record — the acquire statement's own, or another
+//     transaction's — is flushed. The acquire statement reads the WAL
+//     insert position after its nextval (the record ends at or before it)
+//     and then the flush position, and when the flush is behind it writes
+//     a transactional logical message (pg_logical_emit_message) and commits
+//     synchronously (it sets synchronous_commit to on for its own
+//     transaction when the session's is off or local), so that its commit
+//     flushes past the record (TestFencingSurvivesACrashAfterAnotherLogged);
+//     when the flush is not behind, the record is on disk already.
 //     On a busy server the flush is often behind (other transactions' WAL),
 //     and a grant then costs a flush, as every grant did when the token was
 //     a row update. A failover to a replica keeps the tokens only if the
