@@ -650,7 +650,11 @@ func (p *Provider) prepareSQL() {
 	lookup := labelLookup(p.names.owners)
 	for _, set := range [][]string{p.lockSQL[:], p.sharedSQL[:], p.retrySQL[:]} {
 		for _, sql := range set {
-			p.byID[sql] = lookup.ReplaceAllString(strings.Replace(sql, `SELECT id FROM `+p.table+` WHERE key = $1`, `SELECT $1::int4 AS id`, 1), `$1::int4`)
+			byKey := `SELECT id FROM ` + p.table + ` WHERE key = $1`
+			if strings.Count(sql, byKey) != 1 || p.fencing && len(lookup.FindAllStringIndex(sql, -1)) != 1 {
+				continue // a form this rewrite does not know: always by key and label
+			}
+			p.byID[sql] = lookup.ReplaceAllString(strings.Replace(sql, byKey, `SELECT $1::int4 AS id`, 1), `$1::int4`)
 		}
 	}
 }
