@@ -90,6 +90,51 @@ func serverControlTrips(t *testing.T, srv *pgtest.Server, d time.Duration, trips
 	})
 }
 
+// serverControlPath is serverControl for a call that makes pre round
+// trips before its wait for the key (a set's statements on the keys it
+// locks first), and post after the server's verdict (the unlock of the
+// keys it got): the control makes as many, and between them waits as the
+// call's statement does, for the bound it computes from what is left of d
+// once its pre round trips are done (see lockTimeout: up to VerdictLead
+// before the end, a third of what is left when less) — so that round
+// trips slowed by a loaded machine push its verdict back as they push the
+// call's. It connects before it returns. late is when its last reply came,
+// past d less VerdictLead (a third of d when less), as serverControl's.
+func serverControlPath(t *testing.T, srv *pgtest.Server, d time.Duration, pre, post int) (late func() time.Duration) {
+	conn, err := pgx.Connect(bg, srv.ConnString())
+	require.NoError(t, err)
+	due := d - min(d/3, pglock.VerdictLead)
+	r := make(chan time.Duration, 1) // the goroutine never blocks on it
+	start := time.Now()
+	go func() {
+		defer conn.Close(bg)
+		var err error
+		trips := func(n int) {
+			for range n {
+				if err == nil {
+					_, err = conn.Exec(bg, `SELECT 1`)
+				}
+			}
+		}
+		trips(pre)
+		left := d - time.Since(start)
+		if err == nil {
+			_, err = conn.Exec(bg, `SELECT pg_sleep($1::float8)`, max(left-min(left/3, pglock.VerdictLead), 0).Seconds())
+		}
+		trips(post)
+		if err != nil {
+			r <- -1
+			return
+		}
+		r <- time.Since(start) - due
+	}()
+	return sync.OnceValue(func() time.Duration {
+		l := <-r
+		require.GreaterOrEqual(t, l, time.Duration(0), "the control statement failed")
+		return l
+	})
+}
+
 // noReplyOfALoadedMachine reports whether err is ErrNoReply, and fails
 // the test unless the machine explains it: the control reply beside the
 // call (serverControl) came at least the reply allowance late too.
