@@ -86,8 +86,9 @@ end
 
 // fenceLua is the fencing rule, in the one place every script that grants
 // a key takes it from: clock() is the server's TIME, as µs (a number) and
-// as the decimal strings of its µs and ms; nextFence(k, us, s) advances the fencing counter k and returns the new
-// token, as a number and a decimal string (us and s: clock()'s µs);
+// as the decimal strings of its µs and ms; nextFence(k, us, s) advances
+// the fencing counter k and returns the new token, as a number and a
+// decimal string (us and s: clock()'s µs);
 // owned(mode, ms, fence, owner) is a grant's owner record (see parseOwned),
 // from the strings of its ms and its token.
 //
@@ -203,7 +204,7 @@ local function grantExclusive(us, s, ms)
 end
 `
 
-// acquireScript's source.
+// acquireLua is acquireScript's source.
 const acquireLua = `
 redis.replicate_commands()
 ` + fenceLua + holdsLua + grantLua + `
@@ -331,7 +332,7 @@ return {1, fence}
 // marked the key, so it has no mark to take off either.
 var acquireFirstScript = newScript("acquire", acquireFirstLua)
 
-// acquireFirstScript's source.
+// acquireFirstLua is acquireFirstScript's source.
 const acquireFirstLua = `
 redis.replicate_commands()
 ` + fenceLua + holdsLua + grantLua + `

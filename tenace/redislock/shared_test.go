@@ -546,7 +546,7 @@ func TestARefusedSharedWaiterWakesTheWriter(t *testing.T) {
 	tries := &countingHook{}
 	c.AddHook(tries)
 	p := newProvider(t, c, redislock.WithRetryInterval(time.Hour))
-	held := mustAcquire(t, p, "wake", bulk(1)) // loads the script (EVALSHA refused, then EVAL: two counted)
+	held := mustAcquire(t, p, "wake", bulk(1)) // loads the script (a NOSCRIPT refusal is not counted)
 	tries.acquires.Store(0)
 	// Each waiter tries once, subscribes, and tries again once the
 	// subscription is confirmed: after its second try it waits for a wake.
@@ -580,7 +580,7 @@ func TestAReleaseAdmitsEveryWaitingReader(t *testing.T) {
 	tries := &countingHook{}
 	c.AddHook(tries)
 	p := newProvider(t, c, redislock.WithRetryInterval(time.Hour))
-	held := mustAcquire(t, p, "admit", writer) // loads the script (two counted)
+	held := mustAcquire(t, p, "admit", writer) // loads the script
 	tries.acquires.Store(0)
 	var readers []<-chan result
 	for i := range 3 {
