@@ -324,7 +324,8 @@
 //     at least 15s whatever the TTL, so that a call of it that reaches the
 //     server twice (a go-redis retry, sent after a read timeout: 3s by
 //     default) reports the release, not a loss, and a late copy of the
-//     grant's acquire takes nothing. 15s covers go-redis's retries with its
+//     grant's acquire takes nothing — also when the lease had lapsed and
+//     the release found the key gone or another's. 15s covers go-redis's retries with its
 //     default options (3 retries, each after a 3-s read timeout); with a
 //     longer ReadTimeout or more MaxRetries the markers live as long as the
 //     client may still send a copy (its sends × ReadTimeout, plus the

@@ -19,7 +19,10 @@ import (
 // retries a call whose reply timed out, and the caller may call Release
 // again — finds the marker and reports the release done: 1 if this token's
 // release deleted the lock, 0 if the lock was never deleted by it (expired,
-// or another's).
+// or another's). A release that finds the lock no longer this grant's
+// marks the token void too (unless a marker is there already), so that a
+// late copy of the grant's acquire cannot take the key again after a lease
+// that lapsed.
 var releaseScript = newScript("release", holdsLua+`
 if holds(redis.call('GET', KEYS[1]), ARGV[1]) then
 	redis.call('DEL', KEYS[1])
@@ -27,8 +30,12 @@ if holds(redis.call('GET', KEYS[1]), ARGV[1]) then
 	redis.call('PUBLISH', ARGV[2], '1')
 	return 1
 end
-if redis.call('GET', KEYS[2]) == 'released' then
+local marker = redis.call('GET', KEYS[2])
+if marker == 'released' then
 	return 1
+end
+if not marker then
+	redis.call('SET', KEYS[2], 'lapsed', 'PX', ARGV[3])
 end
 return 0
 `)

@@ -578,6 +578,28 @@ func TestALateCopyOfAnAcquireTakesNothingAfterTheRelease(t *testing.T) {
 	require.ErrorIs(t, err, redis.Nil, "nobody holds the key")
 }
 
+// A copy of a granted acquire's script that reaches the server after the
+// lease lapsed and was released (the key expired on the server first)
+// takes nothing either: the release, finding the key no longer the
+// grant's, voids its token all the same.
+func TestALateCopyOfAnAcquireTakesNothingAfterALapsedLease(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newClient(t, srv.Addr)
+	p := newProvider(t, c)
+	l := mustAcquire(t, p, "lapsed", tenace.LockAcquireOptions{TTL: 50 * time.Millisecond})
+	<-l.(tenace.LosableLease).Lost()
+	// The server's clock is the point: the key lapses on it.
+	within(t, 5*time.Second, "the key's expiry", func() bool { return c.Exists(bg, "tenace:lock:{lapsed}").Val() == 0 })
+	require.ErrorIs(t, l.Release(bg), tenace.ErrLeaseLost)
+	got, err := redislock.RunAcquireScript(bg, l)
+	require.NoError(t, err)
+	require.Equal(t, int64(-1), got, "the late copy was refused as void")
+	require.Empty(t, heldLocks(t, c, "lapsed"))
+	n, err := redislock.RunReleaseScript(bg, l)
+	require.NoError(t, err)
+	require.Equal(t, 0, n, "a second run of the release still says the key was not deleted by it")
+}
+
 // A copy of a granted acquire's first try (go-redis sent it again after a
 // lost reply) that reaches the server while the lease holds the key is
 // answered with the lease's own fencing token, and takes nothing more; a
