@@ -28,6 +28,14 @@ import (
 //	                    running, as the other's is closed) and of etcd
 //	                    (server-µs/op, from its /metrics), steadier than
 //	                    the wall clock on a loaded machine
+//	uncontended/ratio   tenace-etcd and etcd-mutex, one op of each in turn
+//	                    per iteration (the order alternates; see
+//	                    sideBySide): each one's median (<impl>-µs) and
+//	                    tenace-etcd's ratio to etcd-mutex's
+//	                    (tenace-etcd/etcd-mutex) — an op of two Raft
+//	                    writes, each with a disk sync, swings from run to
+//	                    run by more than the gap the ratio measures, and
+//	                    ops timed side by side drift together
 //	handoff/<impl>      8 goroutines on one key, 200µs think time; handoff-µs
 //	                    is the mean time from the end of one holder's work to
 //	                    the start of a different holder's
@@ -72,6 +80,7 @@ func BenchmarkEtcd(b *testing.B) {
 			b.ReportMetric((server.cpu-server0.cpu)*1e6/n, "server-µs/op")
 		})
 	}
+	b.Run("uncontended/ratio", func(b *testing.B) { etcdRatio(b, endpoints) })
 	for _, impl := range etcdFamily().Impls {
 		b.Run("handoff/"+impl.Name, func(b *testing.B) {
 			l, err := impl.Make(endpoints, 8, 0)
@@ -80,6 +89,30 @@ func BenchmarkEtcd(b *testing.B) {
 			handoff(b, l, "h-"+impl.Name)
 		})
 	}
+}
+
+// etcdRatio is BenchmarkEtcd's uncontended/ratio: every etcd peer on a
+// client of its own, timed side by side.
+func etcdRatio(b *testing.B, endpoints string) {
+	ctx := context.Background()
+	lockers := make([]load.Locker, len(etcdImpls))
+	keys := make([]string, len(etcdImpls))
+	for i, impl := range etcdImpls {
+		c, err := newEtcdClient(endpoints)
+		require.NoError(b, err)
+		defer c.Close()
+		l, err := impl.make(c, 1)
+		require.NoError(b, err)
+		defer l.Close()
+		keys[i] = "r-" + impl.name
+		require.NoError(b, l.Do(ctx, keys[i], load.Noop)) // warm the connection
+		lockers[i] = l
+	}
+	medians := sideBySide(ctx, b, lockers, keys)
+	for i, impl := range etcdImpls {
+		b.ReportMetric(float64(medians[i].Nanoseconds())/1e3, impl.name+"-µs")
+	}
+	b.ReportMetric(float64(medians[0])/float64(medians[1]), etcdImpls[0].name+"/"+etcdImpls[1].name)
 }
 
 // warmEtcd runs etcdWarmup acquire+release of each implementation on the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -151,7 +152,8 @@ func (p *Provider) readQueue(key string, kvs []*mvccpb.KeyValue, count int64, no
 // Inspect reports key's holders and waiters (tenace.Inspector): one
 // linearizable range read of its queue (at most 1000 entries, oldest
 // first; Waiting counts them all), then one lease lookup per holder for
-// its expiry. It never changes a lock.
+// its expiry, 16 in flight at a time (no Raft write nor disk read: the
+// leader answers from its memory). It never changes a lock.
 //
 // The holders are the entries at the head of the queue that the admission
 // rule admits (the grants etcd decided); each names its owner (see
@@ -159,7 +161,7 @@ func (p *Provider) readQueue(key string, kvs []*mvccpb.KeyValue, count int64, no
 // entry's create revision), Since (when it joined the queue, on its
 // process's clock: its grant, for a caller granted at once, else earlier),
 // and Expires (the end of its etcd lease's current TTL, moved on by every
-// keepalive). The waiters follow in queue order, with their owners and when
+// keepalive; up to a second early, as etcd rounds the time left down). The waiters follow in queue order, with their owners and when
 // they began to wait; LongestWait is the oldest one's.
 //
 // An outage is an error, as in Acquire: a cluster that cannot be reached
@@ -186,17 +188,73 @@ func (p *Provider) Inspect(ctx context.Context, key string) (tenace.KeyInfo, err
 		return tenace.KeyInfo{}, readFailed(ctx, what, err)
 	}
 	info := p.readQueue(key, resp.Kvs, resp.Count, time.Now())
-	for i := range info.Holders {
-		ttl, err := p.client.TimeToLive(ctx, clientv3.LeaseID(resp.Kvs[i].Lease))
-		if err != nil {
-			return tenace.KeyInfo{}, readFailed(ctx, what, err)
-		}
-		if ttl.TTL > 0 {
-			info.Holders[i].Expires = time.Now().Add(time.Duration(ttl.TTL) * time.Second)
-		}
+	if err := p.expiries(ctx, []tenace.KeyInfo{info}, [][]*mvccpb.KeyValue{resp.Kvs}); err != nil {
+		return tenace.KeyInfo{}, readFailed(ctx, what, err)
 	}
 	return info, nil
 }
+
+// expiries sets the Expires of the holders of keys, whose queues (oldest
+// first, as readQueue read them) are queues: one lease lookup
+// (LeaseTimeToLive) per holder — every entry has an etcd lease of its own
+// —, lookupsInFlight at a time. A lookup is no Raft write nor disk read:
+// the leader answers from its memory (a follower asks it first). etcd
+// gives the time left in whole seconds, rounded down: Expires is up to a
+// second early, never late. A lease
+// that etcd no longer has (expired or revoked since the read), or an entry
+// put with none by hand, leaves Expires zero; a lookup that fails fails
+// the call.
+func (p *Provider) expiries(ctx context.Context, keys []tenace.KeyInfo, queues [][]*mvccpb.KeyValue) error {
+	type lookup struct {
+		h  *tenace.HolderInfo
+		id clientv3.LeaseID
+	}
+	var todo []lookup
+	for i := range keys {
+		for j := range keys[i].Holders {
+			if id := clientv3.LeaseID(queues[i][j].Lease); id != clientv3.NoLease {
+				todo = append(todo, lookup{&keys[i].Holders[j], id})
+			}
+		}
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, lookupsInFlight)
+	for _, l := range todo {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			resp, err := p.client.TimeToLive(ctx, l.id)
+			switch {
+			case err != nil:
+				cancel(err)
+			case resp.TTL >= 0: // -1: etcd no longer has it
+				l.h.Expires = time.Now().Add(time.Duration(resp.TTL) * time.Second)
+			}
+		})
+	}
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil {
+		return err
+	}
+	return nil
+}
+
+// lookupsInFlight bounds the lease lookups of one call of expiries in
+// flight at once.
+const lookupsInFlight = 16
+
+// maxLookups bounds the lease lookups of one page of List: the holders of
+// its keys (one each for exclusive keys; a shared key's readers or permits
+// each one more).
+const maxLookups = 100
 
 // queueOptions read a queue, oldest first, maxEntries at most.
 func queueOptions() []clientv3.OpOption {
@@ -236,15 +294,21 @@ var unescaper = strings.NewReplacer("%2F", "/", "%25", "%")
 
 // List returns one page of the keys held or waited for under opts.Prefix
 // (tenace.Inspector), in the order of their etcd names, each with what
-// Inspect says of it but Expires (a lease lookup per holder would make a
-// page's cost grow with its holders): one range read of the entries'
-// names (at most 10 × Limit), then one transaction that reads the page's
-// queues (Limit at most 100, etcd's default bound on a transaction's
-// operations; 100 when 0). A key whose queue is longer than the names read
-// ends its page. An empty Next ends the listing; an outage is an error, as
-// for Inspect; so are a negative Limit (wrapping tenace.ErrInvalidOption)
-// and a closed provider (tenace.ErrProviderClosed), for List and Inspect
-// alike.
+// Inspect says of it: one range read of the entries' names (at most 10 ×
+// Limit), one transaction that reads the page's queues (Limit at most 100,
+// etcd's default bound on a transaction's operations; 100 when 0), then
+// one lease lookup per holder for its Expires, as Inspect's. The lookups
+// are most of a page's cost: a page of 100 held keys took 2.5-3.5ms
+// without them and 23-27ms with them, on one member on a loaded 2-core
+// machine (about 0.2ms a lookup; bench/README.md, "etcd op by op").
+// A page makes at most 100 lookups: a key whose holders would bring it
+// past that (a shared key's readers, a bulkhead's permits) begins the next
+// page instead, unless it is the page's first key (then its holders, at
+// most 1000, are looked up: a page always moves on). A key whose queue is
+// longer than the names read ends its page too. An empty Next ends the
+// listing; an outage is an error, as for Inspect; so are a negative Limit
+// (wrapping tenace.ErrInvalidOption) and a closed provider
+// (tenace.ErrProviderClosed), for List and Inspect alike.
 func (p *Provider) List(ctx context.Context, opts tenace.ListOptions) (tenace.ListPage, error) {
 	if ctx == nil {
 		panic("tenace: etcdlock.Provider.List: nil ctx")
@@ -309,11 +373,23 @@ func (p *Provider) List(ctx context.Context, opts tenace.ListOptions) (tenace.Li
 		return tenace.ListPage{}, readFailed(ctx, what, err)
 	}
 	now := time.Now()
+	var queues [][]*mvccpb.KeyValue
+	lookups := 0
 	for i, r := range tresp.Responses {
 		rr := r.GetResponseRange()
-		if info := p.readQueue(keys[i], rr.Kvs, rr.Count, now); len(info.Holders) > 0 {
-			page.Keys = append(page.Keys, info)
+		info := p.readQueue(keys[i], rr.Kvs, rr.Count, now)
+		if len(info.Holders) == 0 {
+			continue
 		}
+		if len(page.Keys) > 0 && lookups+len(info.Holders) > maxLookups {
+			page.Next = p.dir(keys[i]) // the next page begins with this key
+			break
+		}
+		lookups += len(info.Holders)
+		page.Keys, queues = append(page.Keys, info), append(queues, rr.Kvs)
+	}
+	if err := p.expiries(ctx, page.Keys, queues); err != nil {
+		return tenace.ListPage{}, readFailed(ctx, what, err)
 	}
 	return page, nil
 }

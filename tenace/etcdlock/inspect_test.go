@@ -41,7 +41,7 @@ func TestInspect(t *testing.T) {
 	require.False(t, h.Shared)
 	require.Equal(t, l.(tenace.FencedLease).Token(), h.Token)
 	require.WithinDuration(t, before, h.Since, time.Second)
-	require.True(t, h.Expires.After(time.Now()), "the etcd lease's TTL: %v", h.Expires)
+	requireExpires(t, h, before, testWindow)
 
 	ctx, cancel := context.WithCancel(bg)
 	r := acquireAsync(ctx, q, key, tenace.LockAcquireOptions{Timeout: time.Minute, Owner: "w"})
@@ -176,6 +176,7 @@ func TestList(t *testing.T) {
 		opts := tenace.ListOptions{Prefix: prefix, Limit: limit}
 		for pages := 0; ; pages++ {
 			require.Less(t, pages, 100)
+			before := time.Now()
 			page, err := p.List(bg, opts)
 			require.NoError(t, err)
 			if limit > 0 {
@@ -184,6 +185,7 @@ func TestList(t *testing.T) {
 			for _, k := range page.Keys {
 				require.Len(t, k.Holders, 1)
 				require.Equal(t, p.Owner(), k.Holders[0].Owner)
+				requireExpires(t, k.Holders[0], before, testWindow)
 				got[k.Key]++
 				if k.Key == prefix+"00" {
 					require.Equal(t, 1, k.Waiting)
@@ -202,6 +204,65 @@ func TestList(t *testing.T) {
 	}
 	_, err := p.List(bg, tenace.ListOptions{Prefix: prefix, Cursor: "elsewhere"})
 	require.ErrorIs(t, err, tenace.ErrInvalidOption)
+}
+
+// requireExpires checks h's Expires, read after before: the end of its etcd
+// lease's TTL, at most window from now (etcd rounds the time left down to
+// whole seconds: it may be now).
+func requireExpires(t *testing.T, h tenace.HolderInfo, before time.Time, window time.Duration) {
+	t.Helper()
+	require.False(t, h.Expires.Before(before), "the etcd lease's TTL: %v, read after %v", h.Expires, before)
+	require.False(t, h.Expires.After(time.Now().Add(window)), "the etcd lease's TTL: %v", h.Expires)
+}
+
+// A page of List looks up at most 100 leases: a key whose holders would
+// take it past that begins the next page, but the page's first key, whose
+// holders are all looked up; every holder listed has its Expires.
+func TestListBoundsLeaseLookups(t *testing.T) {
+	c := etcdtest.Start(t)
+	cl := newClient(t, c.Endpoints()...)
+	const window = 30 * time.Second // 221 grants held throughout, on a machine that may be loaded
+	p := newProvider(t, cl, etcdlock.WithWindow(window))
+	prefix := keyOf(t, "bulk/")
+	readers := map[string]int{prefix + "0big": 101}
+	for i := range 60 {
+		readers[fmt.Sprintf("%sk%02d", prefix, i)] = 2
+	}
+	var leases []tenace.LockLease
+	defer func() {
+		for _, l := range leases {
+			require.NoError(t, l.Release(bg))
+		}
+	}()
+	for k, n := range readers {
+		for range n {
+			leases = append(leases, mustAcquire(t, p, k, tenace.LockAcquireOptions{Shared: true}))
+		}
+	}
+	var sizes []int
+	seen := map[string]bool{}
+	opts := tenace.ListOptions{Prefix: prefix}
+	for {
+		require.Less(t, len(sizes), 10)
+		before := time.Now()
+		page, err := p.List(bg, opts)
+		require.NoError(t, err)
+		sizes = append(sizes, len(page.Keys))
+		for _, k := range page.Keys {
+			require.Len(t, k.Holders, readers[k.Key], k.Key)
+			require.False(t, seen[k.Key], k.Key)
+			seen[k.Key] = true
+			for _, h := range k.Holders {
+				requireExpires(t, h, before, window)
+			}
+		}
+		if page.Next == "" {
+			break
+		}
+		opts.Cursor = page.Next
+	}
+	require.Equal(t, []int{1, 50, 10}, sizes, "101 lookups alone, then 100, then the rest")
+	require.Len(t, seen, len(readers))
 }
 
 // An outage is an error: a stalled member, ErrNoReply once ctx ends; a

@@ -579,15 +579,19 @@ func (a *attempt) queueUp() reply {
 	p := a.p
 	a.sent, a.replied = time.Now(), false
 	view := a.viewOps(a.dir, 0, false)
-	value := p.ownerValue(entryValue(a.opts), a.opts.Owner)
+	// Then: the put and the view; Else: a read of the entry and the view.
+	ops := make([]clientv3.Op, 2*(1+len(view)))
+	ops[0] = clientv3.OpPut(a.l.name, p.ownerValue(entryValue(a.opts), a.opts.Owner), clientv3.WithLease(a.g.ID))
+	copy(ops[1:], view)
+	ops[1+len(view)] = clientv3.OpGet(a.l.name, clientv3.WithKeysOnly())
+	copy(ops[2+len(view):], view)
+	then, els := ops[:1+len(view)], ops[1+len(view):]
 	var try atomic.Int32
 	resp, tries, err := hedge(a.first, hedgeAfter, a.until, func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		if p.beforeTry != nil {
 			p.beforeTry(ctx, "queue", try.Add(1))
 		}
-		return p.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.l.name), "=", 0)).
-			Then(append([]clientv3.Op{clientv3.OpPut(a.l.name, value, clientv3.WithLease(a.g.ID))}, view...)...).
-			Else(append([]clientv3.Op{clientv3.OpGet(a.l.name, clientv3.WithKeysOnly())}, view...)...).Commit()
+		return p.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.l.name), "=", 0)).Then(then...).Else(els...).Commit()
 	})
 	if err != nil {
 		return a.ended(reply{req: reqQueue, err: err, spareGone: a.spare && errors.Is(err, rpctypes.ErrLeaseNotFound)})

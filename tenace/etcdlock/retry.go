@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -89,7 +89,7 @@ func hedgeWithin[T any](ctx context.Context, limit, every time.Duration, until t
 		h.limit = time.Now().Add(limit)
 	}
 	defer h.wg.Wait() // after the cancel, which ends the tries
-	h.hctx, h.cancel = context.WithCancel(clientv3.WithRequireLeader(ctx))
+	h.hctx, h.cancel = context.WithCancel(requireLeader(ctx))
 	defer h.cancel()
 	t := time.AfterFunc(every, h.takeOver)
 	resp, err = f(h.hctx)
@@ -235,4 +235,11 @@ func retryUntil(wctx context.Context) time.Time {
 		return d
 	}
 	return until
+}
+
+// requireLeader is clientv3.WithRequireLeader's mark on ctx, added as a
+// pair rather than in a metadata map of its own, which the client would
+// copy on top of the two maps it builds per request anyway.
+func requireLeader(ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, rpctypes.MetadataRequireLeaderKey, rpctypes.MetadataHasLeader)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/metadata"
 )
 
 // TestHedge: hedge's tries and answers, on synctest's clock, with requests
@@ -169,4 +170,28 @@ func goid() uint64 {
 		id = id*10 + uint64(c-'0')
 	}
 	return id
+}
+
+// Every try of a hedged request asks for a leader (a member without one
+// says so at once, and the next try goes to another), and keeps the
+// caller's own metadata.
+func TestHedgeRequiresALeader(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := metadata.AppendToOutgoingContext(t.Context(), "caller", "x")
+		var got []metadata.MD
+		_, tries, err := hedge(ctx, time.Hour, time.Time{}, func(ctx context.Context) (int, error) {
+			md, _ := metadata.FromOutgoingContext(ctx)
+			got = append(got, md)
+			if len(got) == 1 {
+				return 0, rpctypes.ErrGRPCNoLeader // transient: sent again
+			}
+			return 1, nil
+		})
+		require.NoError(t, err)
+		require.Equal(t, 2, tries)
+		for _, md := range got {
+			require.Equal(t, []string{rpctypes.MetadataHasLeader}, md.Get(rpctypes.MetadataRequireLeaderKey))
+			require.Equal(t, []string{"x"}, md.Get("caller"))
+		}
+	})
 }

@@ -2,7 +2,6 @@ package etcdlock
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"time"
 
@@ -24,11 +23,19 @@ func (p *Provider) SupportsShared() bool { return true }
 const sharedMark = "s"
 
 // entryName is the etcd key of a caller's entry in the queue dir.
+// The ID is in hex, 16 digits (etcd's lease IDs are positive).
 func entryName(dir string, id clientv3.LeaseID, shared bool) string {
+	b := make([]byte, 0, len(dir)+len(sharedMark)+16)
+	b = append(b, dir...)
 	if shared {
-		return fmt.Sprintf("%s%s%016x", dir, sharedMark, int64(id))
+		b = append(b, sharedMark...)
 	}
-	return fmt.Sprintf("%s%016x", dir, int64(id))
+	var digits [16]byte
+	hex := strconv.AppendUint(digits[:0], uint64(id), 16)
+	for range 16 - len(hex) {
+		b = append(b, '0')
+	}
+	return string(append(b, hex...))
 }
 
 // entryValue is the value of a caller's entry: empty for an exclusive one,
