@@ -161,8 +161,10 @@ func (p *Provider) readQueue(key string, kvs []*mvccpb.KeyValue, count int64, no
 // entry's create revision), Since (when it joined the queue, on its
 // process's clock: its grant, for a caller granted at once, else earlier),
 // and Expires (the end of its etcd lease's current TTL, moved on by every
-// keepalive; up to a second early, as etcd rounds the time left down). The waiters follow in queue order, with their owners and when
-// they began to wait; LongestWait is the oldest one's.
+// keepalive; up to a second early, as etcd rounds the time left down;
+// the time of the look for a lease that ended meanwhile). The waiters
+// follow in queue order, with their owners and when they began to wait;
+// LongestWait is the oldest one's.
 //
 // An outage is an error, as in Acquire: a cluster that cannot be reached
 // is ErrUnreachable (wrapping the dial's error, such as
@@ -194,16 +196,17 @@ func (p *Provider) Inspect(ctx context.Context, key string) (tenace.KeyInfo, err
 	return info, nil
 }
 
-// expiries sets the Expires of the holders of keys, whose queues (oldest
-// first, as readQueue read them) are queues: one lease lookup
+// expiries sets the Expires of the holders of keys, from their queues
+// (oldest first, as readQueue read them): one lease lookup
 // (LeaseTimeToLive) per holder — every entry has an etcd lease of its own
 // —, lookupsInFlight at a time. A lookup is no Raft write nor disk read:
 // the leader answers from its memory (a follower asks it first). etcd
-// gives the time left in whole seconds, rounded down: Expires is up to a
-// second early, never late. A lease
-// that etcd no longer has (expired or revoked since the read), or an entry
-// put with none by hand, leaves Expires zero; a lookup that fails fails
-// the call.
+// gives the time left in whole seconds, rounded down, and Expires counts
+// it from before the lookup was sent: up to a second early, never late. A
+// lease that etcd no longer has (expired or revoked since the read) gives
+// Expires the time of the lookup — the grant has ended, never "no
+// expiry"; an entry put with no lease by hand leaves Expires zero. A
+// lookup that fails fails the call.
 func (p *Provider) expiries(ctx context.Context, keys []tenace.KeyInfo, queues [][]*mvccpb.KeyValue) error {
 	type lookup struct {
 		h  *tenace.HolderInfo
@@ -231,12 +234,15 @@ func (p *Provider) expiries(ctx context.Context, keys []tenace.KeyInfo, queues [
 		}
 		wg.Go(func() {
 			defer func() { <-slots }()
+			sent := time.Now()
 			resp, err := p.client.TimeToLive(ctx, l.id)
 			switch {
 			case err != nil:
 				cancel(err)
-			case resp.TTL >= 0: // -1: etcd no longer has it
-				l.h.Expires = time.Now().Add(time.Duration(resp.TTL) * time.Second)
+			case resp.TTL < 0: // etcd no longer has it, or it has run out: the grant has ended
+				l.h.Expires = sent
+			default:
+				l.h.Expires = sent.Add(time.Duration(resp.TTL) * time.Second)
 			}
 		})
 	}

@@ -308,3 +308,45 @@ func TestInspectOutage(t *testing.T) {
 	require.ErrorIs(t, err, syscall.ECONNREFUSED)
 	require.Less(t, time.Since(start), 3*time.Second)
 }
+
+// A holder whose lease ends between Inspect's read of the queue and its
+// lease lookup (etcd answers TTL -1) is shown as ended — Expires the time
+// of the look — never as a grant that does not expire (a zero Expires).
+func TestInspectExpiresOfALeaseThatEnded(t *testing.T) {
+	c := etcdtest.Start(t)
+	cl := newClient(t, c.Endpoints()...)
+	other := newClient(t, c.Endpoints()...)
+	hooked := &revokeFirst{Lease: cl.Lease, other: other}
+	cl.Lease = hooked
+	p := newProvider(t, cl)
+	key := keyOf(t, "k")
+	mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+	before := time.Now()
+	info, err := p.Inspect(bg, key)
+	require.NoError(t, err)
+	require.Equal(t, int64(-1), hooked.ttl, "etcd answered the lookup of the revoked lease with TTL -1")
+	require.Len(t, info.Holders, 1)
+	exp := info.Holders[0].Expires
+	require.False(t, exp.IsZero(), "an ended grant is not one that never expires")
+	require.False(t, exp.Before(before), "Expires is the time of the look")
+	require.False(t, exp.After(time.Now()), "Expires is the time of the look")
+}
+
+// revokeFirst is a Lease whose TimeToLive revokes the lease (through
+// another client) before it asks etcd, and records the TTL it answered.
+type revokeFirst struct {
+	clientv3.Lease
+	other *clientv3.Client
+	ttl   int64
+}
+
+func (r *revokeFirst) TimeToLive(ctx context.Context, id clientv3.LeaseID, opts ...clientv3.LeaseOption) (*clientv3.LeaseTimeToLiveResponse, error) {
+	if _, err := r.other.Revoke(ctx, id); err != nil {
+		return nil, err
+	}
+	resp, err := r.Lease.TimeToLive(ctx, id, opts...)
+	if err == nil {
+		r.ttl = resp.TTL
+	}
+	return resp, err
+}
