@@ -108,11 +108,21 @@ func TestFencingSurvivesACrashWithAsyncCommit(t *testing.T) {
 // Here the other transaction logs (its nextval is the first after a
 // checkpoint) and stays open, uncommitted, on a server whose WAL writer
 // sleeps 10 s, until the crash. (Without the grant's flush, the first
-// token after the crash was 2, below the grant's 3.)
+// token after the crash was 2, below the grant's 3.) With synchronous_commit
+// off too: the statement asks for a synchronous commit of its own
+// transaction, whose message gave it an xid and WAL to flush.
 func TestFencingSurvivesACrashAfterAnotherLogged(t *testing.T) {
+	for _, sc := range []string{"on", "off"} {
+		t.Run("synchronous_commit="+sc, func(t *testing.T) { fencingSurvivesACrashAfterAnotherLogged(t, sc) })
+	}
+}
+
+func fencingSurvivesACrashAfterAnotherLogged(t *testing.T, syncCommit string) {
 	srv := pgtest.Start(t)
 	srv.MustExec(t, "ALTER SYSTEM SET wal_writer_delay = '10s'")
+	srv.MustExec(t, "ALTER SYSTEM SET synchronous_commit = "+syncCommit)
 	srv.MustExec(t, "SELECT pg_reload_conf()")
+	require.Equal(t, syncCommit, srv.MustExec(t, "SHOW synchronous_commit"))
 	p := newProvider(t, srv)
 	key := keyOf(t, "k")
 	l := mustAcquire(t, p, key, tenace.LockAcquireOptions{})
