@@ -481,6 +481,7 @@ func (c *call) lockStatement(conn *pgxpool.Conn, key string) (r reply, id int32,
 	if pid != nil {
 		id = *pid
 		c.heldID = id
+		c.p.learnID(key, id)
 	}
 	if fence != nil {
 		token = uint64(*fence)
@@ -615,6 +616,15 @@ func (c *call) statement(key string) (sql string, args []any) {
 	}
 	defer func() {
 		args = c.withOwner(args) // the last parameter
+		if byID, ok := p.byID[sql]; ok && (!p.fencing || c.opts.Owner == "" && p.ownerID != 0) {
+			if id, ok := p.keyID(key); ok {
+				sql, args[0] = byID, id
+				if p.fencing {
+					args[len(args)-1] = p.ownerIDArg
+				}
+				return
+			}
+		}
 		if adding, ok := p.adding[sql]; ok && !p.knownLabel(c.label()) {
 			sql = adding
 		}

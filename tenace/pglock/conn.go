@@ -58,6 +58,10 @@ const cancelRepeat = 20 * time.Millisecond
 type cancelHandler struct {
 	conn  *pgconn.PgConn
 	ready atomic.Bool
+	// fd is the connection's socket descriptor (hasFD: it has one), for
+	// the provider's poller; set by AfterConnect.
+	fd    int32
+	hasFD bool
 	// Owned by pgconn's context watcher, which calls HandleCancel and then
 	// HandleUnwatchAfterCancel in sequence; graceEnd is read, too, once the
 	// statement has returned (pgconn's Unwatch orders that after
@@ -203,6 +207,7 @@ func configure(cfg *pgxpool.Config, maxConns int, ka net.KeepAliveConfig) {
 	after := cfg.AfterConnect
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
 		if h, ok := c.PgConn().CustomData()[handlerKey].(*cancelHandler); ok {
+			h.fd, h.hasFD = socketFD(c.PgConn().Conn())
 			h.ready.Store(true)
 		}
 		if after != nil {

@@ -48,8 +48,14 @@ type session struct {
 	// waits for that round trip rather than take a connection of its own.
 	draining bool
 
-	watching  bool          // a watcher was started since the session was last taken; guarded by mu
-	watchLate *time.Timer   // starts the watcher watchDelay after put (see startWatch)
+	watching  bool        // a watcher was started since the session was last taken; guarded by mu
+	watchLate *time.Timer // starts the watcher watchDelay after put, without a poller (see startWatch)
+	// fd is conn's socket (hasFD: it has one); polled, guarded by mu: it
+	// is in the provider's poller, which starts the watcher when it
+	// becomes readable (see put).
+	fd        int32
+	hasFD     bool
+	polled    bool
 	stopping  atomic.Bool   // set by the taker before it stops the watcher
 	watchDone chan struct{} // closed when the watcher has exited
 	watchErr  error         // what ended the watcher, if not its stop; written before watchDone closes
@@ -58,7 +64,11 @@ type session struct {
 // newSession returns the session of conn, which a call has just been
 // granted a lock on: taken by that call, with no watcher yet (see put).
 func newSession(p *Provider, conn *pgxpool.Conn) *session {
-	return &session{p: p, conn: conn, pid: conn.Conn().PgConn().PID(), busy: true, free: make(chan struct{})} // no watcher yet
+	s := &session{p: p, conn: conn, pid: conn.Conn().PgConn().PID(), busy: true, free: make(chan struct{})} // no watcher yet
+	if h, ok := conn.Conn().PgConn().CustomData()[handlerKey].(*cancelHandler); ok {
+		s.fd, s.hasFD = h.fd, h.hasFD
+	}
+	return s
 }
 
 // take waits until nobody else uses s, within ctx and bound (when not
@@ -130,6 +140,10 @@ func (s *session) occupy() {
 	s.busy, s.free = true, make(chan struct{})
 	watching := s.watching
 	s.watching = false
+	if s.polled {
+		s.p.poller.remove(s.fd)
+		s.polled = false
+	}
 	if s.watchLate != nil {
 		s.watchLate.Stop()
 	}
@@ -155,8 +169,11 @@ func (s *session) stopWatch(watching bool) {
 }
 
 // put gives s back, by its taker: with leases left on it, the watcher
-// runs again, watchDelay later (see startWatch); with none, the connection goes back to the pool (closed
-// instead when tainted) and the slot is freed.
+// runs again — once the socket has something to read (the provider's
+// poller: the server's termination message, the socket's end), or, where
+// there is no poller, watchDelay later (see startWatch); with none, the
+// connection goes back to the pool (closed instead when tainted) and the
+// slot is freed.
 func (s *session) put() {
 	s.mu.Lock()
 	if len(s.leases) == 0 {
@@ -177,7 +194,9 @@ func (s *session) put() {
 	_ = s.conn.Conn().PgConn().Conn().SetDeadline(time.Time{})
 	free := s.free
 	s.busy, s.draining = false, false
-	if s.watchLate == nil {
+	if s.hasFD && s.p.poller != nil && s.p.poller.add(s, s.fd) {
+		s.polled = true
+	} else if s.watchLate == nil {
 		s.watchLate = time.AfterFunc(watchDelay, s.startWatch)
 	} else {
 		s.watchLate.Reset(watchDelay)
@@ -201,6 +220,25 @@ const watchDelay = 100 * time.Microsecond
 func (s *session) startWatch() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.watchLocked()
+}
+
+// readable is the poller's news that the socket fd became readable: s's
+// watcher starts, unless s was taken since (the taker took fd off the
+// poller; a later put registers it again).
+func (s *session) readable(fd int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.polled || s.fd != fd {
+		return
+	}
+	s.p.poller.remove(fd)
+	s.polled = false
+	s.watchLocked()
+}
+
+// watchLocked is startWatch with s.mu held.
+func (s *session) watchLocked() {
 	if s.busy || s.ended || s.watching {
 		return
 	}
