@@ -235,7 +235,16 @@
 //     epoll_ctl when the session is given back, one when it is taken: no
 //     timer, no goroutine), read by one goroutine per provider; the
 //     server's termination message or the socket's end starts the
-//     session's watcher, which reads it and signals the loss. Elsewhere a
+//     session's watcher, which reads it and signals the loss. Linux drops
+//     a closed socket from an epoll set without a word, so the one path
+//     that closes an idle session's socket (a Release that could not take
+//     the session from a nested wait in time) takes it out of the set
+//     first and starts the watcher, which reads the closed socket and
+//     signals the loss of the leases left on it
+//     (TestKillOfAnIdleSessionSignalsLoss,
+//     TestKilledSocketNeverUnregistersAnother); and if the set's goroutine
+//     ends (epoll_wait fails), every session in the set gets its watcher,
+//     and later ones a timer (TestPollerEndFallsBackToWatchers). Elsewhere a
 //     goroutine per session blocks reading the idle connection, from 100 µs
 //     after the grant (a lease released sooner costs no goroutine). Lost
 //     closes a median 0.5 ms, at most 4 ms, after pg_terminate_backend is

@@ -17,12 +17,24 @@ import (
 // connection. A lease held for hours costs no goroutine either.
 //
 // The epoll set's own descriptor waits in the Go runtime's netpoller (an
-// epoll descriptor is itself pollable), read by one goroutine that Close
+// epoll descriptor is itself pollable), read by one goroutine that close
 // ends. An event is one-shot: the goroutine takes the socket off the set
-// before it starts the watcher, under the session's lock, so that a
-// socket is in the set only while its session is idle — never once it is
-// closed (only a taker closes a session's connection), so that a
-// descriptor number reused by another socket is never the stale one.
+// before it starts the watcher, under the session's lock.
+//
+// Linux drops a closed descriptor from every epoll set without an event,
+// and gives its number to the next socket opened. So a socket is in the
+// set only while its session is idle and its connection open: every path
+// that closes an idle session's socket (session.kill) takes it off the set
+// first and starts the watcher, which reads the closed socket and ends the
+// session, signalling the loss of its leases; a taker, which takes it off
+// the set when it takes the session, is the only other closer. sessions
+// therefore never holds a descriptor whose socket was closed, and a number
+// reused by another socket is never the stale one.
+//
+// When the reading goroutine ends for any reason (close, or an error of
+// epoll_wait), the poller is marked closed and every session still in the
+// set starts its watcher: a session's loss is never left unwatched. Later
+// sessions are watched on a timer (see session.put).
 type poller struct {
 	ep   *os.File
 	epfd int
@@ -31,6 +43,8 @@ type poller struct {
 	mu       sync.Mutex
 	closed   bool
 	sessions map[int32]*session // by socket descriptor: those in the set
+	// wait is epoll_wait (a test makes it fail); read under mu.
+	wait func(epfd int, events []syscall.EpollEvent, msec int) (int, error)
 }
 
 // newPoller returns a provider's poller, its goroutine started; nil when
@@ -44,7 +58,8 @@ func newPoller() *poller {
 		_ = syscall.Close(epfd)
 		return nil
 	}
-	pl := &poller{ep: os.NewFile(uintptr(epfd), "pglock-epoll"), epfd: epfd, done: make(chan struct{}), sessions: map[int32]*session{}}
+	pl := &poller{ep: os.NewFile(uintptr(epfd), "pglock-epoll"), epfd: epfd, done: make(chan struct{}),
+		sessions: map[int32]*session{}, wait: syscall.EpollWait}
 	rc, err := pl.ep.SyscallConn()
 	if err != nil {
 		_ = pl.ep.Close()
@@ -54,20 +69,32 @@ func newPoller() *poller {
 	return pl
 }
 
-// run reads the epoll set's events until close, and starts the watcher of
-// each session whose socket became readable.
+// run reads the epoll set's events until close or an error, and starts
+// the watcher of each session whose socket became readable; then every
+// session left in the set (see stop).
 func (pl *poller) run(rc syscall.RawConn) {
 	defer close(pl.done)
+	defer pl.stop()
 	var events [16]syscall.EpollEvent
 	for {
 		n := 0
+		var werr error
 		err := rc.Read(func(fd uintptr) bool {
-			var err error
-			n, err = syscall.EpollWait(int(fd), events[:], 0)
-			return err != syscall.EAGAIN && err != syscall.EINTR && (err != nil || n > 0)
+			pl.mu.Lock()
+			wait := pl.wait
+			pl.mu.Unlock()
+			for {
+				n, werr = wait(int(fd), events[:], 0)
+				if werr != syscall.EINTR {
+					break
+				}
+			}
+			// Nothing ready (0, or EAGAIN): wait for the set's descriptor to
+			// become readable again.
+			return werr != nil && werr != syscall.EAGAIN || werr == nil && n > 0
 		})
-		if err != nil {
-			return // closed
+		if err != nil || werr != nil || n < 0 {
+			return // closed, or epoll_wait failed: stop hands every session to its watcher
 		}
 		for _, ev := range events[:n] {
 			pl.mu.Lock()
@@ -77,6 +104,20 @@ func (pl *poller) run(rc syscall.RawConn) {
 				s.readable(ev.Fd)
 			}
 		}
+	}
+}
+
+// stop marks the poller closed (add refuses from now on) and starts the
+// watcher of every session still in the set, as if its socket had become
+// readable: each reads its connection from then on.
+func (pl *poller) stop() {
+	pl.mu.Lock()
+	pl.closed = true
+	left := pl.sessions
+	pl.sessions = map[int32]*session{}
+	pl.mu.Unlock()
+	for fd, s := range left {
+		s.readable(fd)
 	}
 }
 
@@ -97,7 +138,7 @@ func (pl *poller) add(s *session, fd int32) bool {
 }
 
 // remove takes the socket fd out of the set, called with its session's
-// mu held.
+// mu held, before anything closes the socket.
 func (pl *poller) remove(fd int32) {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
@@ -105,6 +146,13 @@ func (pl *poller) remove(fd int32) {
 	if !pl.closed {
 		_ = syscall.EpollCtl(pl.epfd, syscall.EPOLL_CTL_DEL, int(fd), nil)
 	}
+}
+
+// registered reports whether fd is in the set, under s (for tests).
+func (pl *poller) registered(fd int32, s *session) bool {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	return pl.sessions[fd] == s
 }
 
 // close ends the poller's goroutine and closes the set, once every

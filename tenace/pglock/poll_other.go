@@ -6,8 +6,9 @@ package pglock
 // an idle session's watcher starts on a timer (see session.put).
 type poller struct{}
 
-func newPoller() *poller                 { return nil }
-func (*poller) add(*session, int32) bool { return false }
-func (*poller) remove(int32)             {}
-func (*poller) close()                   {}
-func socketFD(any) (int32, bool)         { return 0, false }
+func newPoller() *poller                        { return nil }
+func (*poller) add(*session, int32) bool        { return false }
+func (*poller) remove(int32)                    {}
+func (*poller) close()                          {}
+func (*poller) registered(int32, *session) bool { return false }
+func socketFD(any) (int32, bool)                { return 0, false }

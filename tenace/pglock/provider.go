@@ -140,6 +140,9 @@ type testHooks struct {
 	// returned, with its backend's pid and whether it took the lock,
 	// before Acquire looks at its context.
 	statementDone func(pid uint32, locked bool)
+	// killing runs in a lease's ender that could not take the session in
+	// time, before it closes the session's socket (see session.kill).
+	killing func()
 }
 
 // queues counts the callers inside Acquire per key, so that Stats can say

@@ -52,10 +52,13 @@ type session struct {
 	watchLate *time.Timer // starts the watcher watchDelay after put, without a poller (see startWatch)
 	// fd is conn's socket (hasFD: it has one); polled, guarded by mu: it
 	// is in the provider's poller, which starts the watcher when it
-	// becomes readable (see put).
+	// becomes readable (see put). killed, guarded by mu: kill closed the
+	// socket, which is never put in the poller again (its number may be
+	// another socket's by now).
 	fd        int32
 	hasFD     bool
 	polled    bool
+	killed    bool
 	stopping  atomic.Bool   // set by the taker before it stops the watcher
 	watchDone chan struct{} // closed when the watcher has exited
 	watchErr  error         // what ended the watcher, if not its stop; written before watchDone closes
@@ -140,15 +143,22 @@ func (s *session) occupy() {
 	s.busy, s.free = true, make(chan struct{})
 	watching := s.watching
 	s.watching = false
-	if s.polled {
-		s.p.poller.remove(s.fd)
-		s.polled = false
-	}
+	s.unpoll()
 	if s.watchLate != nil {
 		s.watchLate.Stop()
 	}
 	s.mu.Unlock()
 	s.stopWatch(watching)
+}
+
+// unpoll takes s's socket out of the provider's poller, if it is there,
+// called with s.mu held: by a taker, and before anything closes the socket
+// of an idle session (see poller).
+func (s *session) unpoll() {
+	if s.polled {
+		s.p.poller.remove(s.fd)
+		s.polled = false
+	}
 }
 
 // stopWatch stops the watcher, when one was started (watching), waits for
@@ -194,7 +204,9 @@ func (s *session) put() {
 	_ = s.conn.Conn().PgConn().Conn().SetDeadline(time.Time{})
 	free := s.free
 	s.busy, s.draining = false, false
-	if s.hasFD && s.p.poller != nil && s.p.poller.add(s, s.fd) {
+	if s.killed {
+		s.watchLocked() // it reads the closed socket, and ends s
+	} else if s.hasFD && s.p.poller != nil && s.p.poller.add(s, s.fd) {
 		s.polled = true
 	} else if s.watchLate == nil {
 		s.watchLate = time.AfterFunc(watchDelay, s.startWatch)
@@ -257,6 +269,7 @@ func (s *session) watchLocked() {
 // claimed (a Release waiting for s) learns of the end from endErr.
 func (s *session) end(err error) {
 	s.mu.Lock()
+	s.unpoll()
 	leases := s.leases
 	s.leases, s.ended, s.endErr = nil, true, err
 	free := s.free
@@ -283,10 +296,17 @@ func (s *session) end(err error) {
 // l's ender that could not take s in time: the taker's statement fails,
 // and it ends s (every lease on it lost). s is tainted first, so that a
 // taker past its last statement closes the connection rather than pool it.
+// The taker may have given s back already (its take timed out just as the
+// nested wait ended): then s is idle, its socket maybe in the poller,
+// which would never hear of the close. So the socket leaves the poller
+// first, and an idle s gets its watcher, which reads the closed socket and
+// ends s; a taker that gives s back later starts it (see put).
 func (s *session) kill(l *lease) {
 	s.mu.Lock()
 	s.leases = slices.DeleteFunc(s.leases, func(m *lease) bool { return m == l })
-	s.tainted = true
+	s.tainted, s.killed = true, true
+	s.unpoll()
+	s.watchLocked()
 	s.mu.Unlock()
 	_ = s.conn.Conn().PgConn().Conn().Close()
 }
