@@ -41,9 +41,21 @@
 //     as first integer, so they cannot meet the single-bigint advisory locks
 //     an application takes by hand; do not use pg_advisory_lock(int, int)
 //     with that OID yourself. A table holds up to 2³¹−1 keys, and keeps one
-//     row per key ever used (rows must never be deleted: a provider
-//     remembers the ids of the keys it granted, so a key whose row was
-//     deleted and inserted again would be two locks). A key must fit in a B-tree
+//     row per key ever used. A provider remembers the ids of up to 4,096
+//     keys it granted, and locks a key it knows by its id, reading no
+//     table. A key's row is committed synchronously when it is added
+//     (whatever synchronous_commit says: once per key), so no crash loses
+//     a row whose id a provider has read; and a provider forgets every id
+//     whenever it opens a connection or finds one dead, so a server that
+//     comes back without rows it had (a failover to a replica that lags, a
+//     backup restored, a crash that loses a row an older version committed
+//     asynchronously: each ends every connection) leaves no id behind
+//     (TestKeyRowSurvivesACrash, TestCachedIDForgottenAfterACrash). Rows
+//     must never be deleted, nor the table truncated, while a provider
+//     runs: a key whose row was deleted and added again gets a new id, and
+//     a provider that remembers the old one holds a second lock of the
+//     same key until it reconnects — a double grant no check catches. To
+//     empty the table, close every provider first. A key must fit in a B-tree
 //     index entry: up to about 2,700 bytes after compression (a longer one
 //     fails with the server's error; hash it yourself if you need longer
 //     keys).

@@ -70,13 +70,11 @@ type Provider struct {
 	// exclusive or shared acquire statement to its form that takes the
 	// key's lock id ($1) and, fencing, that label id (its last parameter)
 	// instead of the key and the label: a grant that reads no table. ids
-	// are the lock ids of keys granted before (rows are never deleted, so
-	// a key's id never changes), guarded by idsMu.
+	// are the lock ids of keys granted before (see idCache).
 	ownerID    int32
 	ownerIDArg any
 	byID       map[string]string
-	idsMu      sync.Mutex
-	ids        map[string]int32
+	ids        *idCache
 	names      names         // the table's relations: its sequence of tokens, its owner labels
 	slots      chan struct{} // a token per connection in use (held + waiting); cap maxConns
 	// poller starts an idle session's watcher when its socket becomes
@@ -374,14 +372,15 @@ func NewWithConfig(ctx context.Context, cfg *pgxpool.Config, opts ...Option) (*P
 		o.apply(&s)
 	}
 	cfg = cfg.Copy()
-	configure(cfg, s.maxConns, s.keepalive)
+	ids := &idCache{ids: map[string]int32{}}
+	configure(cfg, s.maxConns, s.keepalive, ids.forget)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pglock: creating the pool: %w", err)
 	}
 	p := &Provider{
 		pool: pool, table: sanitize(s.table), names: relationsOf(s.table), ttl: s.ttl, maxConns: s.maxConns, fencing: s.fencing, owner: s.owner,
-		slots: make(chan struct{}, s.maxConns), leases: map[*lease]struct{}{}, labels: map[string]struct{}{}, ids: map[string]int32{},
+		slots: make(chan struct{}, s.maxConns), leases: map[*lease]struct{}{}, labels: map[string]struct{}{}, ids: ids,
 	}
 	p.closed, p.close = context.WithCancelCause(context.Background())
 	if err := p.check(ctx, s); err != nil {
@@ -449,7 +448,8 @@ func (p *Provider) check(ctx context.Context, s settings) error {
 	}
 	// The provider's own label, added now (a write on New) so that its
 	// grants find it; failing that, its first grant adds it.
-	if _, err := c.Exec(ctx, `INSERT INTO `+p.names.owners+` (owner) VALUES ($1) ON CONFLICT (owner) DO NOTHING`, []byte(p.owner)); err == nil {
+	// It commits synchronously: the grants by id name the label by its id.
+	if _, err := c.Exec(ctx, `INSERT INTO `+p.names.owners+` (owner) SELECT $1::bytea WHERE `+syncCommit+` IS NOT NULL ON CONFLICT (owner) DO NOTHING`, []byte(p.owner)); err == nil {
 		p.learnLabel(p.owner)
 		var id int32
 		if c.QueryRow(ctx, `SELECT id FROM `+p.names.owners+` WHERE owner = $1`, []byte(p.owner)).Scan(&id) == nil {
@@ -638,7 +638,9 @@ func (p *Provider) prepareSQL() {
 		p.dropSQL[mode] = `SELECT ` + m.unlock + `($2::int4, k.id) FROM ` + p.table + ` k WHERE k.key = $1 AND ` + mine
 		p.retrySQL[mode] = p.lockStatement(`CASE WHEN `+mine+` THEN true ELSE `+bounded(m.lock, "k.id")+` END`, p.fencing, owner(4), false)
 	}
-	p.registerSQL = `INSERT INTO ` + p.table + ` (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
+	// A key's row commits synchronously, whatever the session's
+	// synchronous_commit (once per key: see idCache).
+	p.registerSQL = `INSERT INTO ` + p.table + ` (key) SELECT $1::bytea WHERE ` + syncCommit + ` IS NOT NULL ON CONFLICT (key) DO NOTHING`
 	p.adding = map[string]string{}
 	for _, set := range [][]string{p.lockSQL[:], p.sharedSQL[:], p.entrySQL[:], p.admitSQL[:], p.retrySQL[:]} {
 		for i, sql := range set {
@@ -662,27 +664,69 @@ func (p *Provider) prepareSQL() {
 	}
 }
 
-// keyID returns the lock id of key, if a grant found it before.
-func (p *Provider) keyID(key string) (int32, bool) {
-	p.idsMu.Lock()
-	defer p.idsMu.Unlock()
-	id, ok := p.ids[key]
+// idCache is the lock ids of keys granted before, which let a grant's
+// statement take the key's lock by its id and read no table (see byID).
+//
+// An id is the key's row's, and a row outlives every cached id only if
+// it is on disk before its id is read and nobody deletes it: the row is
+// registered with a synchronous commit (registerSQL), and rows are never
+// deleted (see the package doc, Keys). What is left is a server that comes
+// back without rows it had — a crash of a server whose rows an older
+// version committed asynchronously, a failover to a replica that lags, a
+// backup restored: each ends every connection of the provider, so the
+// cache is forgotten whenever the provider opens a connection (and when
+// it finds one dead), and an id read by a statement sent before that is
+// not learned (gen).
+//
+// Concurrency: mu guards gen and ids.
+type idCache struct {
+	mu  sync.Mutex
+	gen uint64 // counts forget calls
+	ids map[string]int32
+}
+
+// get returns the lock id of key, if a grant found it since the cache was
+// last forgotten.
+func (c *idCache) get(key string) (int32, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	id, ok := c.ids[key]
 	return id, ok
 }
 
-// learnID records key's lock id, read by its acquire statement; past
-// maxIDs keys, the provider forgets them all (the next grant of each reads
-// its id again).
-func (p *Provider) learnID(key string, id int32) {
-	p.idsMu.Lock()
-	defer p.idsMu.Unlock()
-	if _, ok := p.ids[key]; ok {
+// epoch returns the cache's generation, read before a statement that may
+// find a key's id is sent: learn takes it back.
+func (c *idCache) epoch() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gen
+}
+
+// learn records key's lock id, read by a statement sent in generation gen,
+// unless the cache was forgotten since; past maxIDs keys, the cache
+// forgets them all (the next grant of each reads its id again).
+func (c *idCache) learn(key string, id int32, gen uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if gen != c.gen {
 		return
 	}
-	if len(p.ids) >= maxIDs {
-		clear(p.ids)
+	if _, ok := c.ids[key]; ok {
+		return
 	}
-	p.ids[key] = id
+	if len(c.ids) >= maxIDs {
+		clear(c.ids)
+	}
+	c.ids[key] = id
+}
+
+// forget drops every id: the provider opened a connection (the server may
+// have restarted without rows it had), or found one dead.
+func (c *idCache) forget() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen++
+	clear(c.ids)
 }
 
 // maxIDs bounds the keys whose lock ids a provider remembers.

@@ -367,6 +367,7 @@ func (s *session) watch(done chan struct{}) {
 			return // stopped by a taker
 		}
 		s.watchErr = err
+		s.p.ids.forget() // a connection found dead (see idCache)
 		s.mu.Lock()
 		mine := !s.busy && !s.ended
 		if mine {
