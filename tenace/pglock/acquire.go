@@ -433,6 +433,9 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 				why = "a step of its wait ended"
 			}
 			reconnected = reconnected || d.next == doReconnect
+			if d.next == doReconnect {
+				c.p.ids.forget() // a connection found dead (see idCache)
+			}
 			c.phase.Store(phaseConnecting)
 			var err error
 			if conn, err = c.p.reconnect(c.wctx); err != nil {
@@ -465,6 +468,7 @@ func (c *call) lock(conn *pgxpool.Conn) (_ tenace.LockLease, leased bool, _ erro
 // the reply, with the key's lock id and the grant's token when locked.
 func (c *call) lockStatement(conn *pgxpool.Conn, key string) (r reply, id int32, token uint64) {
 	c.phase.Store(phaseLocking)
+	gen := c.p.ids.epoch()
 	sql, args := c.statement(key)
 	c.notified = seen(conn)
 	var pid *int32
@@ -481,6 +485,7 @@ func (c *call) lockStatement(conn *pgxpool.Conn, key string) (r reply, id int32,
 	if pid != nil {
 		id = *pid
 		c.heldID = id
+		c.p.ids.learn(key, id, gen)
 	}
 	if fence != nil {
 		token = uint64(*fence)
@@ -615,6 +620,15 @@ func (c *call) statement(key string) (sql string, args []any) {
 	}
 	defer func() {
 		args = c.withOwner(args) // the last parameter
+		if byID, ok := p.byID[sql]; ok && (!p.fencing || c.opts.Owner == "" && p.ownerID != 0) {
+			if id, ok := p.ids.get(key); ok {
+				sql, args[0] = byID, id
+				if p.fencing {
+					args[len(args)-1] = p.ownerIDArg
+				}
+				return
+			}
+		}
 		if adding, ok := p.adding[sql]; ok && !p.knownLabel(c.label()) {
 			sql = adding
 		}

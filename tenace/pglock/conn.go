@@ -58,6 +58,10 @@ const cancelRepeat = 20 * time.Millisecond
 type cancelHandler struct {
 	conn  *pgconn.PgConn
 	ready atomic.Bool
+	// fd is the connection's socket descriptor (hasFD: it has one), for
+	// the provider's poller; set by AfterConnect.
+	fd    int32
+	hasFD bool
 	// Owned by pgconn's context watcher, which calls HandleCancel and then
 	// HandleUnwatchAfterCancel in sequence; graceEnd is read, too, once the
 	// statement has returned (pgconn's Unwatch orders that after
@@ -184,8 +188,10 @@ const handlerKey = "tenace.dev/tenace/pglock.cancelHandler"
 
 // configure turns the caller's pool configuration into the provider's:
 // its own bound, the cancel handler, keepalives on both ends, and session
-// settings that keep a DBA's defaults from breaking the locks.
-func configure(cfg *pgxpool.Config, maxConns int, ka net.KeepAliveConfig) {
+// settings that keep a DBA's defaults from breaking the locks. connected
+// runs as each new connection is made, before it is used (the provider
+// forgets the key ids it cached: see idCache).
+func configure(cfg *pgxpool.Config, maxConns int, ka net.KeepAliveConfig, connected func()) {
 	cfg.MaxConns = int32(maxConns)
 	if cfg.MinConns > cfg.MaxConns {
 		cfg.MinConns = cfg.MaxConns
@@ -202,7 +208,9 @@ func configure(cfg *pgxpool.Config, maxConns int, ka net.KeepAliveConfig) {
 	}
 	after := cfg.AfterConnect
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		connected()
 		if h, ok := c.PgConn().CustomData()[handlerKey].(*cancelHandler); ok {
+			h.fd, h.hasFD = socketFD(c.PgConn().Conn())
 			h.ready.Store(true)
 		}
 		if after != nil {

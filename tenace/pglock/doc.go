@@ -41,8 +41,21 @@
 //     as first integer, so they cannot meet the single-bigint advisory locks
 //     an application takes by hand; do not use pg_advisory_lock(int, int)
 //     with that OID yourself. A table holds up to 2³¹−1 keys, and keeps one
-//     row per key ever used (rows must never be deleted: a key whose row
-//     vanished while locked fails its acquire). A key must fit in a B-tree
+//     row per key ever used. A provider remembers the ids of up to 4,096
+//     keys it granted, and locks a key it knows by its id, reading no
+//     table. A key's row is committed synchronously when it is added
+//     (whatever synchronous_commit says: once per key), so no crash loses
+//     a row whose id a provider has read; and a provider forgets every id
+//     whenever it opens a connection or finds one dead, so a server that
+//     comes back without rows it had (a failover to a replica that lags, a
+//     backup restored, a crash that loses a row an older version committed
+//     asynchronously: each ends every connection) leaves no id behind
+//     (TestKeyRowSurvivesACrash, TestCachedIDForgottenAfterACrash). Rows
+//     must never be deleted, nor the table truncated, while a provider
+//     runs: a key whose row was deleted and added again gets a new id, and
+//     a provider that remembers the old one holds a second lock of the
+//     same key until it reconnects — a double grant no check catches. To
+//     empty the table, close every provider first. A key must fit in a B-tree
 //     index entry: up to about 2,700 bytes after compression (a longer one
 //     fails with the server's error; hash it yourself if you need longer
 //     keys).
@@ -52,16 +65,16 @@
 //     keys, with gaps (a crash skips up to 32). A token never comes back
 //     after a crash or an immediate shutdown, because it is on disk before
 //     the grant answers: nextval writes WAL once in 32 values (and first
-//     after each checkpoint), logging the value 32 ahead, and the statement
-//     that logs has an xid, so its commit flushes that WAL (the acquire
-//     statement commits synchronously: it sets synchronous_commit to on for
-//     its own transaction when the session's is off or local). A value
-//     taken from a range that another transaction logged is safe once that
-//     record is flushed; the acquire statement reads the WAL insert
-//     position after its nextval (the record ends at or before it) and then
-//     the flush position, and when the flush is behind it writes a
-//     transactional logical message (pg_logical_emit_message), whose commit
-//     flushes past the record (TestFencingSurvivesACrashAfterAnotherLogged).
+//     after each checkpoint), logging the value 32 ahead, and a value is
+//     safe once that record — the acquire statement's own, or another
+//     transaction's — is flushed. The acquire statement reads the WAL
+//     insert position after its nextval (the record ends at or before it)
+//     and then the flush position, and when the flush is behind it writes
+//     a transactional logical message (pg_logical_emit_message) and commits
+//     synchronously (it sets synchronous_commit to on for its own
+//     transaction when the session's is off or local), so that its commit
+//     flushes past the record (TestFencingSurvivesACrashAfterAnotherLogged);
+//     when the flush is not behind, the record is on disk already.
 //     On a busy server the flush is often behind (other transactions' WAL),
 //     and a grant then costs a flush, as every grant did when the token was
 //     a row update. A failover to a replica keeps the tokens only if the
@@ -83,7 +96,9 @@
 // Costs: an acquire is one round trip (three on a key's first use) and
 // writes nothing but, once in 32 grants (and when the server's WAL flush
 // is behind, see above), a WAL flush; a release is one round trip. A held lease costs a
-// connection and a goroutine (nested leases share theirs: see Deadlocks). Measured against two bare round trips on a
+// connection, and a goroutine once its connection has something to read,
+// at once where there is no epoll (nested leases share theirs: see
+// Deadlocks). Measured against two bare round trips on a
 // held connection, and against redislock: bench/README.md.
 //
 // # Who gets the lock: PostgreSQL's lock queue
@@ -227,12 +242,26 @@
 //   - its connection ends (and with it every lease on the same session:
 //     see Deadlocks): the backend is terminated (pg_terminate_backend,
 //     a shutdown or restart, a crash), the socket closes, or the network
-//     drops. A goroutine per session blocks reading the idle connection,
-//     from 100 µs after the grant (a lease released sooner, the common
-//     short critical section, costs no goroutine); the server's
-//     termination message or the socket's end wakes it at once
-//     (measured on loopback: Lost closes a median 0.5 ms, at most 4 ms,
-//     after pg_terminate_backend is sent; TestLostSignalDelay). A silent
+//     drops. On Linux the provider keeps the socket of each session that
+//     holds leases, while the session is idle, in one epoll set (an
+//     epoll_ctl when the session is given back, one when it is taken: no
+//     timer, no goroutine), read by one goroutine per provider; the
+//     server's termination message or the socket's end starts the
+//     session's watcher, which reads it and signals the loss. Linux drops
+//     a closed socket from an epoll set without a word, so the one path
+//     that closes an idle session's socket (a Release that could not take
+//     the session from a nested wait in time) takes it out of the set
+//     first and starts the watcher, which reads the closed socket and
+//     signals the loss of the leases left on it
+//     (TestKillOfAnIdleSessionSignalsLoss,
+//     TestKilledSocketNeverUnregistersAnother); and if the set's goroutine
+//     ends (epoll_wait fails), every session in the set gets its watcher,
+//     and later ones a timer (TestPollerEndFallsBackToWatchers). Elsewhere a
+//     goroutine per session blocks reading the idle connection, from 100 µs
+//     after the grant (a lease released sooner costs no goroutine). Lost
+//     closes a median 0.5 ms, at most 4 ms, after pg_terminate_backend is
+//     sent (loopback, quiet; TestLostSignalDelay: under -race at load 4,
+//     1.2–1.5 ms with the epoll set, 1.1–1.3 ms with the timer). A silent
 //     loss (a peer machine gone, packets dropped) shows
 //     through TCP keepalives within Idle + Interval × Count of silence,
 //     25 s with DefaultKeepalive, on both ends: the server then ends the

@@ -60,12 +60,15 @@ type Hooks struct {
 	// returned, with its backend's pid and whether it took the lock,
 	// before Acquire looks at its context.
 	StatementDone func(pid uint32, locked bool)
+	// Killing runs in a lease's ender that could not take the session in
+	// time (a nested wait used it), before it closes the session's socket.
+	Killing func()
 }
 
 // SetHooks sets p's test hooks; call it before p's first Acquire.
 func (p *Provider) SetHooks(h Hooks) {
 	p.hooks = &testHooks{losing: h.Losing, releaseWaits: h.ReleaseWaits, watching: h.Watching, stopping: h.Stopping,
-		statementDone: h.StatementDone}
+		statementDone: h.StatementDone, killing: h.Killing}
 }
 
 // ReplyAllowance is how long past its Timeout an Acquire waits for an

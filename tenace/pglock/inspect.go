@@ -117,6 +117,12 @@ oi AS (INSERT INTO ` + p.names.owners + ` (owner) SELECT ` + owner + `::bytea FR
 
 var labelParts = regexp.MustCompile(`(?s)/\*oi\{\*/.*?/\*\}oi\*/`)
 
+// labelLookup matches the owner label id's lookup in the owners table
+// (see ownerRecord), its parameter as $1.
+func labelLookup(owners string) *regexp.Regexp {
+	return regexp.MustCompile(regexp.QuoteMeta(`coalesce((SELECT o.id FROM `+owners+` o WHERE o.owner = `) + `(\$\d+)` + regexp.QuoteMeta(`::bytea), 0)`))
+}
+
 // labelled returns the two forms of a fencing acquire statement sql: the
 // usual one, which finds the owner label's id, and the one for a label
 // not known to be in the owners table yet, which adds it — a write, and a

@@ -245,6 +245,9 @@ func (l *lease) finish(ctx context.Context, bound time.Time, cause error) error 
 		}
 		// A nested wait of the execution, on another goroutine, still uses
 		// the session: close its socket, and that wait ends the session.
+		if h := l.p.hooks; h != nil && h.killing != nil {
+			h.killing()
+		}
 		s.kill(l)
 		return fmt.Errorf("pglock: unlocking %s: its session still ran another goroutine's nested wait when the release's context ended, so its connection was closed, which frees every lock on it; give goroutines that lock inside fn fn's context or a Timeout", l.name())
 	}

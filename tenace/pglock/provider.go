@@ -65,8 +65,21 @@ type Provider struct {
 	adding   map[string]string
 	labelsMu sync.Mutex
 	labels   map[string]struct{}
-	names    names         // the table's relations: its sequence of tokens, its owner labels
-	slots    chan struct{} // a token per connection in use (held + waiting); cap maxConns
+	// ownerID is the owners table's id of the provider's own label (0
+	// when New could not read it), boxed in ownerIDArg; byID maps each
+	// exclusive or shared acquire statement to its form that takes the
+	// key's lock id ($1) and, fencing, that label id (its last parameter)
+	// instead of the key and the label: a grant that reads no table. ids
+	// are the lock ids of keys granted before (see idCache).
+	ownerID    int32
+	ownerIDArg any
+	byID       map[string]string
+	ids        *idCache
+	names      names         // the table's relations: its sequence of tokens, its owner labels
+	slots      chan struct{} // a token per connection in use (held + waiting); cap maxConns
+	// poller starts an idle session's watcher when its socket becomes
+	// readable; nil where the system has none (see session.put).
+	poller *poller
 
 	// The acquire statements, by how they wait (waitKind): lockSQL takes
 	// the key exclusive, sharedSQL shared (Permits 0); entrySQL takes a
@@ -125,6 +138,9 @@ type testHooks struct {
 	// returned, with its backend's pid and whether it took the lock,
 	// before Acquire looks at its context.
 	statementDone func(pid uint32, locked bool)
+	// killing runs in a lease's ender that could not take the session in
+	// time, before it closes the session's socket (see session.kill).
+	killing func()
 }
 
 // queues counts the callers inside Acquire per key, so that Stats can say
@@ -356,14 +372,15 @@ func NewWithConfig(ctx context.Context, cfg *pgxpool.Config, opts ...Option) (*P
 		o.apply(&s)
 	}
 	cfg = cfg.Copy()
-	configure(cfg, s.maxConns, s.keepalive)
+	ids := &idCache{ids: map[string]int32{}}
+	configure(cfg, s.maxConns, s.keepalive, ids.forget)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pglock: creating the pool: %w", err)
 	}
 	p := &Provider{
 		pool: pool, table: sanitize(s.table), names: relationsOf(s.table), ttl: s.ttl, maxConns: s.maxConns, fencing: s.fencing, owner: s.owner,
-		slots: make(chan struct{}, s.maxConns), leases: map[*lease]struct{}{}, labels: map[string]struct{}{},
+		slots: make(chan struct{}, s.maxConns), leases: map[*lease]struct{}{}, labels: map[string]struct{}{}, ids: ids,
 	}
 	p.closed, p.close = context.WithCancelCause(context.Background())
 	if err := p.check(ctx, s); err != nil {
@@ -372,6 +389,7 @@ func NewWithConfig(ctx context.Context, cfg *pgxpool.Config, opts ...Option) (*P
 		return nil, err
 	}
 	p.prepareSQL()
+	p.poller = newPoller()
 	return p, nil
 }
 
@@ -430,8 +448,13 @@ func (p *Provider) check(ctx context.Context, s settings) error {
 	}
 	// The provider's own label, added now (a write on New) so that its
 	// grants find it; failing that, its first grant adds it.
-	if _, err := c.Exec(ctx, `INSERT INTO `+p.names.owners+` (owner) VALUES ($1) ON CONFLICT (owner) DO NOTHING`, []byte(p.owner)); err == nil {
+	// It commits synchronously: the grants by id name the label by its id.
+	if _, err := c.Exec(ctx, `INSERT INTO `+p.names.owners+` (owner) SELECT $1::bytea WHERE `+syncCommit+` IS NOT NULL ON CONFLICT (owner) DO NOTHING`, []byte(p.owner)); err == nil {
 		p.learnLabel(p.owner)
+		var id int32
+		if c.QueryRow(ctx, `SELECT id FROM `+p.names.owners+` WHERE owner = $1`, []byte(p.owner)).Scan(&id) == nil {
+			p.ownerID, p.ownerIDArg = id, id
+		}
 	}
 	return nil
 }
@@ -489,15 +512,17 @@ l AS MATERIALIZED (SELECT ` + lockExpr + ` AS ok FROM k)` + p.tail(fence, owner,
 // The token is nextval of the table's sequence, taken once the lock is
 // held, in the statement's one transaction. It is durable before the
 // statement answers (see the package doc, Fencing tokens): nextval writes
-// WAL once in 32 values (and once after each checkpoint), and that
-// statement commits synchronously (syncCommit) — but a value taken from a
-// range that another transaction logged is safe only once that log
-// record is flushed. So the statement reads the WAL insert position after
-// nextval (the record, inserted before nextval could read the value, ends
-// at or before it), then the flush position: when the flush is behind,
-// or a synchronous standby must have the record too, the transaction
-// writes a transactional logical message, which gives it an xid and WAL,
-// so that its commit flushes (and waits for the standby) past the record.
+// WAL once in 32 values (and once after each checkpoint), and a value is
+// safe once that log record — this statement's, or another
+// transaction's — is flushed. So the statement reads the WAL insert
+// position after nextval (the record, inserted before nextval could read
+// the value, ends at or before it), then the flush position: when the
+// flush is behind, or a synchronous standby must have the record too, the
+// transaction writes a transactional logical message, which gives it an
+// xid and WAL, and commits synchronously (syncCommit), so that its commit
+// flushes (and waits for the standby) past the record. When the flush is
+// not behind, the record is on disk: no synchronous commit is needed, and
+// none is asked (a set_config less per grant).
 //
 // The owner record is the session's application_name (session-level, no
 // write: see ownerRecord), which Inspect and a refusal read through
@@ -525,16 +550,15 @@ SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), NULL::bigint, ` 
 t AS MATERIALIZED (SELECT nextval(` + literal(p.names.seq) + `) AS f FROM l WHERE l.ok),
 w AS MATERIALIZED (SELECT f, pg_current_wal_insert_lsn() AS i FROM t),` + oi + `
 d AS MATERIALIZED (SELECT (SELECT f FROM w) AS f, (SELECT CASE WHEN i > pg_current_wal_flush_lsn() OR current_setting('synchronous_standby_names') <> ''
-	THEN pg_logical_emit_message(true, 'tenace', '') END FROM w) AS flushed, ` + syncCommit + ` AS sc,
+	THEN pg_logical_emit_message(true, 'tenace', '') IS NOT NULL AND ` + syncCommit + ` IS NOT NULL END FROM w) AS flushed,
 	(SELECT ` + p.ownerRecord(owner, permits) + ` FROM w) AS rec)
 SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), d.f, ` + held + from
 }
 
 // syncCommit makes the acquire statement's transaction commit
-// synchronously, whatever the session's synchronous_commit, when it wrote
-// WAL (a nextval that logged, or the message that flushes another's log;
-// see tail): the token must reach the disk before the grant returns, or a
-// crash would hand it out again. A server tuned with synchronous_commit
+// synchronously, whatever the session's synchronous_commit, when the WAL
+// flush is behind the token's log record (see tail): the token must reach
+// the disk before the grant returns, or a crash would hand it out again. A server tuned with synchronous_commit
 // off (or local, which does not wait for a synchronous standby) gets on
 // for this transaction only (set_config's is_local); remote_write and
 // remote_apply are kept. It is set within the statement rather than as a
@@ -614,7 +638,9 @@ func (p *Provider) prepareSQL() {
 		p.dropSQL[mode] = `SELECT ` + m.unlock + `($2::int4, k.id) FROM ` + p.table + ` k WHERE k.key = $1 AND ` + mine
 		p.retrySQL[mode] = p.lockStatement(`CASE WHEN `+mine+` THEN true ELSE `+bounded(m.lock, "k.id")+` END`, p.fencing, owner(4), false)
 	}
-	p.registerSQL = `INSERT INTO ` + p.table + ` (key) VALUES ($1) ON CONFLICT (key) DO NOTHING`
+	// A key's row commits synchronously, whatever the session's
+	// synchronous_commit (once per key: see idCache).
+	p.registerSQL = `INSERT INTO ` + p.table + ` (key) SELECT $1::bytea WHERE ` + syncCommit + ` IS NOT NULL ON CONFLICT (key) DO NOTHING`
 	p.adding = map[string]string{}
 	for _, set := range [][]string{p.lockSQL[:], p.sharedSQL[:], p.entrySQL[:], p.admitSQL[:], p.retrySQL[:]} {
 		for i, sql := range set {
@@ -625,7 +651,86 @@ func (p *Provider) prepareSQL() {
 			}
 		}
 	}
+	p.byID = map[string]string{}
+	lookup := labelLookup(p.names.owners)
+	for _, set := range [][]string{p.lockSQL[:], p.sharedSQL[:], p.retrySQL[:]} {
+		for _, sql := range set {
+			byKey := `SELECT id FROM ` + p.table + ` WHERE key = $1`
+			if strings.Count(sql, byKey) != 1 || p.fencing && len(lookup.FindAllStringIndex(sql, -1)) != 1 {
+				continue // a form this rewrite does not know: always by key and label
+			}
+			p.byID[sql] = lookup.ReplaceAllString(strings.Replace(sql, byKey, `SELECT $1::int4 AS id`, 1), `$1::int4`)
+		}
+	}
 }
+
+// idCache is the lock ids of keys granted before, which let a grant's
+// statement take the key's lock by its id and read no table (see byID).
+//
+// An id is the key's row's, and a row outlives every cached id only if
+// it is on disk before its id is read and nobody deletes it: the row is
+// registered with a synchronous commit (registerSQL), and rows are never
+// deleted (see the package doc, Keys). What is left is a server that comes
+// back without rows it had — a crash of a server whose rows an older
+// version committed asynchronously, a failover to a replica that lags, a
+// backup restored: each ends every connection of the provider, so the
+// cache is forgotten whenever the provider opens a connection (and when
+// it finds one dead), and an id read by a statement sent before that is
+// not learned (gen).
+//
+// Concurrency: mu guards gen and ids.
+type idCache struct {
+	mu  sync.Mutex
+	gen uint64 // counts forget calls
+	ids map[string]int32
+}
+
+// get returns the lock id of key, if a grant found it since the cache was
+// last forgotten.
+func (c *idCache) get(key string) (int32, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	id, ok := c.ids[key]
+	return id, ok
+}
+
+// epoch returns the cache's generation, read before a statement that may
+// find a key's id is sent: learn takes it back.
+func (c *idCache) epoch() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gen
+}
+
+// learn records key's lock id, read by a statement sent in generation gen,
+// unless the cache was forgotten since; past maxIDs keys, the cache
+// forgets them all (the next grant of each reads its id again).
+func (c *idCache) learn(key string, id int32, gen uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if gen != c.gen {
+		return
+	}
+	if _, ok := c.ids[key]; ok {
+		return
+	}
+	if len(c.ids) >= maxIDs {
+		clear(c.ids)
+	}
+	c.ids[key] = id
+}
+
+// forget drops every id: the provider opened a connection (the server may
+// have restarted without rows it had), or found one dead.
+func (c *idCache) forget() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen++
+	clear(c.ids)
+}
+
+// maxIDs bounds the keys whose lock ids a provider remembers.
+const maxIDs = 4096
 
 // keyBusy reports whether another caller of this process holds one of
 // keys (in a mode that excludes mode's: see holds) or waits for it (the
@@ -702,6 +807,9 @@ func (p *Provider) Close() error {
 		// The calls that Acquire left to end in the background (see
 		// call): their context ended with Close, and each is bounded.
 		p.workers.Wait()
+		if p.poller != nil {
+			p.poller.close()
+		}
 		p.pool.Close()
 	})
 	return nil

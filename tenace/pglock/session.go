@@ -48,8 +48,17 @@ type session struct {
 	// waits for that round trip rather than take a connection of its own.
 	draining bool
 
-	watching  bool          // a watcher was started since the session was last taken; guarded by mu
-	watchLate *time.Timer   // starts the watcher watchDelay after put (see startWatch)
+	watching  bool        // a watcher was started since the session was last taken; guarded by mu
+	watchLate *time.Timer // starts the watcher watchDelay after put, without a poller (see startWatch)
+	// fd is conn's socket (hasFD: it has one); polled, guarded by mu: it
+	// is in the provider's poller, which starts the watcher when it
+	// becomes readable (see put). killed, guarded by mu: kill closed the
+	// socket, which is never put in the poller again (its number may be
+	// another socket's by now).
+	fd        int32
+	hasFD     bool
+	polled    bool
+	killed    bool
 	stopping  atomic.Bool   // set by the taker before it stops the watcher
 	watchDone chan struct{} // closed when the watcher has exited
 	watchErr  error         // what ended the watcher, if not its stop; written before watchDone closes
@@ -58,7 +67,11 @@ type session struct {
 // newSession returns the session of conn, which a call has just been
 // granted a lock on: taken by that call, with no watcher yet (see put).
 func newSession(p *Provider, conn *pgxpool.Conn) *session {
-	return &session{p: p, conn: conn, pid: conn.Conn().PgConn().PID(), busy: true, free: make(chan struct{})} // no watcher yet
+	s := &session{p: p, conn: conn, pid: conn.Conn().PgConn().PID(), busy: true, free: make(chan struct{})} // no watcher yet
+	if h, ok := conn.Conn().PgConn().CustomData()[handlerKey].(*cancelHandler); ok {
+		s.fd, s.hasFD = h.fd, h.hasFD
+	}
+	return s
 }
 
 // take waits until nobody else uses s, within ctx and bound (when not
@@ -130,11 +143,22 @@ func (s *session) occupy() {
 	s.busy, s.free = true, make(chan struct{})
 	watching := s.watching
 	s.watching = false
+	s.unpoll()
 	if s.watchLate != nil {
 		s.watchLate.Stop()
 	}
 	s.mu.Unlock()
 	s.stopWatch(watching)
+}
+
+// unpoll takes s's socket out of the provider's poller, if it is there,
+// called with s.mu held: by a taker, and before anything closes the socket
+// of an idle session (see poller).
+func (s *session) unpoll() {
+	if s.polled {
+		s.p.poller.remove(s.fd)
+		s.polled = false
+	}
 }
 
 // stopWatch stops the watcher, when one was started (watching), waits for
@@ -155,8 +179,11 @@ func (s *session) stopWatch(watching bool) {
 }
 
 // put gives s back, by its taker: with leases left on it, the watcher
-// runs again, watchDelay later (see startWatch); with none, the connection goes back to the pool (closed
-// instead when tainted) and the slot is freed.
+// runs again — once the socket has something to read (the provider's
+// poller: the server's termination message, the socket's end), or, where
+// there is no poller, watchDelay later (see startWatch); with none, the
+// connection goes back to the pool (closed instead when tainted) and the
+// slot is freed.
 func (s *session) put() {
 	s.mu.Lock()
 	if len(s.leases) == 0 {
@@ -177,7 +204,11 @@ func (s *session) put() {
 	_ = s.conn.Conn().PgConn().Conn().SetDeadline(time.Time{})
 	free := s.free
 	s.busy, s.draining = false, false
-	if s.watchLate == nil {
+	if s.killed {
+		s.watchLocked() // it reads the closed socket, and ends s
+	} else if s.hasFD && s.p.poller != nil && s.p.poller.add(s, s.fd) {
+		s.polled = true
+	} else if s.watchLate == nil {
 		s.watchLate = time.AfterFunc(watchDelay, s.startWatch)
 	} else {
 		s.watchLate.Reset(watchDelay)
@@ -201,6 +232,25 @@ const watchDelay = 100 * time.Microsecond
 func (s *session) startWatch() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.watchLocked()
+}
+
+// readable is the poller's news that the socket fd became readable: s's
+// watcher starts, unless s was taken since (the taker took fd off the
+// poller; a later put registers it again).
+func (s *session) readable(fd int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.polled || s.fd != fd {
+		return
+	}
+	s.p.poller.remove(fd)
+	s.polled = false
+	s.watchLocked()
+}
+
+// watchLocked is startWatch with s.mu held.
+func (s *session) watchLocked() {
 	if s.busy || s.ended || s.watching {
 		return
 	}
@@ -219,6 +269,7 @@ func (s *session) startWatch() {
 // claimed (a Release waiting for s) learns of the end from endErr.
 func (s *session) end(err error) {
 	s.mu.Lock()
+	s.unpoll()
 	leases := s.leases
 	s.leases, s.ended, s.endErr = nil, true, err
 	free := s.free
@@ -245,10 +296,17 @@ func (s *session) end(err error) {
 // l's ender that could not take s in time: the taker's statement fails,
 // and it ends s (every lease on it lost). s is tainted first, so that a
 // taker past its last statement closes the connection rather than pool it.
+// The taker may have given s back already (its take timed out just as the
+// nested wait ended): then s is idle, its socket maybe in the poller,
+// which would never hear of the close. So the socket leaves the poller
+// first, and an idle s gets its watcher, which reads the closed socket and
+// ends s; a taker that gives s back later starts it (see put).
 func (s *session) kill(l *lease) {
 	s.mu.Lock()
 	s.leases = slices.DeleteFunc(s.leases, func(m *lease) bool { return m == l })
-	s.tainted = true
+	s.tainted, s.killed = true, true
+	s.unpoll()
+	s.watchLocked()
 	s.mu.Unlock()
 	_ = s.conn.Conn().PgConn().Conn().Close()
 }
@@ -309,6 +367,7 @@ func (s *session) watch(done chan struct{}) {
 			return // stopped by a taker
 		}
 		s.watchErr = err
+		s.p.ids.forget() // a connection found dead (see idCache)
 		s.mu.Lock()
 		mine := !s.busy && !s.ended
 		if mine {
