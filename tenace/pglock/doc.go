@@ -50,7 +50,10 @@
 //     comes back without rows it had (a failover to a replica that lags, a
 //     backup restored, a crash that loses a row an older version committed
 //     asynchronously: each ends every connection) leaves no id behind
-//     (TestKeyRowSurvivesACrash, TestCachedIDForgottenAfterACrash). Rows
+//     (TestKeyRowSurvivesACrash, TestCachedIDForgottenAfterACrash).
+//     Through a pooler (AllowPooler) nothing is cached: the pooler keeps
+//     a client's connection through the server's restart, so the provider
+//     could not tell (TestNoIDCachedThroughAPooler). Rows
 //     must never be deleted, nor the table truncated, while a provider
 //     runs: a key whose row was deleted and added again gets a new id, and
 //     a provider that remembers the old one holds a second lock of the

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"tenace.dev/internal/pgtest"
@@ -92,4 +93,61 @@ func TestCachedIDForgottenAfterACrash(t *testing.T) {
 		_ = got.Release(bg)
 	}
 	require.Nil(t, got, "two providers hold the key at once (its id %s before the crash, %s after)", idBefore, idAfter)
+}
+
+// TestNoIDCachedThroughAPooler: through PgBouncer in session mode
+// (AllowPooler), a client connection that has not sent a query is tied to
+// no server session, so the pooler keeps it through a server crash and the
+// provider opens no connection that would tell it the server came back
+// (pgxpool hands out such a connection after dropping a dead one, with no
+// AfterConnect). A cached id would then outlive the key's row, and the key,
+// registered again by another provider under a new id, would be two
+// locks: through a pooler the provider caches no id.
+func TestNoIDCachedThroughAPooler(t *testing.T) {
+	srv, b := asyncServer(t)
+	cfg, err := pgxpool.ParseConfig(pgtest.StartPooler(t, srv, "session").ConnString())
+	require.NoError(t, err)
+	cfg.MinConns = 4 // opened at once and left unused: tied to no server session
+	a, err := pglock.NewWithConfig(bg, cfg, pglock.AllowPooler(), pglock.WithoutFencing())
+	require.NoError(t, err)
+	defer a.Close()
+	key := keyOf(t, "k")
+	srv.MustExec(t, fmt.Sprintf("INSERT INTO tenace_lock_keys (key) VALUES (convert_to(%s, 'UTF8'))", quote(key)))
+	for range 2 { // a cache would learn the id, then lock by it
+		require.NoError(t, mustAcquire(t, a, key, tenace.LockAcquireOptions{}).Release(bg))
+	}
+	srv.Kill()
+	srv.Restart(t)
+	require.Equal(t, "0", rows(t, srv, key), "the asynchronously committed row survived the crash: the test proves nothing")
+	held := mustAcquire(t, b, key, tenace.LockAcquireOptions{Timeout: 10 * time.Second})
+	defer func() { _ = held.Release(bg) }()
+	// pgxpool pings a connection idle for more than a second before it
+	// hands it out, drops a dead one and hands out the next: its clock is
+	// the point.
+	time.Sleep(1500 * time.Millisecond)
+	var got tenace.LockLease
+	for range 20 { // a's pool may hand out its dead connections first
+		if got, err = a.Acquire(bg, key, tenace.LockAcquireOptions{Timeout: tenace.NoWait}); err == nil {
+			break
+		}
+	}
+	require.NoError(t, err)
+	if got != nil {
+		_ = got.Release(bg)
+	}
+	require.Nil(t, got, "two providers hold the key at once")
+}
+
+// TestLabelRowSurvivesACrash: the owner label's row, added by a fenced
+// grant's statement, commits synchronously whatever synchronous_commit
+// says, as the provider then remembers the label as added: a crash right
+// after must not lose it (Inspect and refusals would name no owner).
+func TestLabelRowSurvivesACrash(t *testing.T) {
+	srv, b := asyncServer(t)
+	const q = "SELECT count(*) FROM tenace_lock_keys_owners WHERE convert_from(owner, 'UTF8') LIKE '%(label-job)'"
+	require.NoError(t, mustAcquire(t, b, keyOf(t, "k"), tenace.LockAcquireOptions{Owner: "label-job"}).Release(bg))
+	require.Equal(t, "1", srv.MustExec(t, q))
+	srv.Kill()
+	srv.Restart(t)
+	require.Equal(t, "1", srv.MustExec(t, q), "the label's row was lost in the crash")
 }

@@ -507,3 +507,48 @@ func TestNestedInAPermitWaitsApart(t *testing.T) {
 	require.NoError(t, err)
 	requireNoLocks(t, srv, keys...)
 }
+
+// TestKillOfAnEndedSessionLeavesItAlone: a Release that could not take its
+// session in time kills it — unless the session ended in the meantime (the
+// server ended it, and the nested wait that used it ended it on the client:
+// its connection is closed and hijacked). The kill then has nothing to
+// close; it must not reach for the connection (before, a nil pointer
+// dereference in the Release brought the process down).
+func TestKillOfAnEndedSessionLeavesItAlone(t *testing.T) {
+	defer pglock.SetReleaseTimeout(300 * time.Millisecond)()
+	srv := server(t)
+	p, other, keys := newProvider(t, srv), newProvider(t, srv), setKeys(t, 2)
+	registerKeys(t, p, keys...)
+	k1 := mustAcquire(t, other, keys[1], tenace.LockAcquireOptions{})
+	defer func() { _ = k1.Release(bg) }()
+	nested := make(chan error, 1)
+	var pid uint32
+	killing := false
+	p.SetHooks(pglock.Hooks{Killing: func() {
+		// The outer Release's bound has passed while the nested wait used
+		// the session: end the session under both before the kill.
+		killing = true
+		srv.Terminate(t, pid)
+		select {
+		case err := <-nested:
+			require.Error(t, err, "the nested wait, its session terminated")
+		case <-time.After(lossBound):
+			t.Fatal("the nested wait did not end with its session")
+		}
+	}})
+	err := lockIn(bg, p, keys[0], 0, func(ctx context.Context) error {
+		l, _ := tenace.LeaseFrom(ctx)
+		pid = pglock.BackendPID(l)
+		go func() {
+			nested <- lockIn(context.WithoutCancel(ctx), p, keys[1], 0, func(context.Context) error { return nil })
+		}()
+		waitForWaiters(t, srv, keys[1], 1)
+		return nil
+	})
+	require.True(t, killing, "the outer Release took the session: it was never busy past the Release's bound")
+	t.Logf("the outer Lock: %v", err)
+	require.NoError(t, k1.Release(bg))
+	for _, k := range keys {
+		waitFree(t, srv, k)
+	}
+}

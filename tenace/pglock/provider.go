@@ -372,7 +372,7 @@ func NewWithConfig(ctx context.Context, cfg *pgxpool.Config, opts ...Option) (*P
 		o.apply(&s)
 	}
 	cfg = cfg.Copy()
-	ids := &idCache{ids: map[string]int32{}}
+	ids := &idCache{ids: map[string]int32{}, off: s.allowPooler}
 	configure(cfg, s.maxConns, s.keepalive, ids.forget)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -549,7 +549,7 @@ SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), NULL::bigint, ` 
 	return `,
 t AS MATERIALIZED (SELECT nextval(` + literal(p.names.seq) + `) AS f FROM l WHERE l.ok),
 w AS MATERIALIZED (SELECT f, pg_current_wal_insert_lsn() AS i FROM t),` + oi + `
-d AS MATERIALIZED (SELECT (SELECT f FROM w) AS f, (SELECT CASE WHEN i > pg_current_wal_flush_lsn() OR current_setting('synchronous_standby_names') <> ''
+d AS MATERIALIZED (SELECT (SELECT f FROM w) AS f, (SELECT CASE WHEN i > pg_current_wal_flush_lsn() OR current_setting('synchronous_standby_names') <> ''` + labelOpen + ` OR true` + labelClose + `
 	THEN pg_logical_emit_message(true, 'tenace', '') IS NOT NULL AND ` + syncCommit + ` IS NOT NULL END FROM w) AS flushed,
 	(SELECT ` + p.ownerRecord(owner, permits) + ` FROM w) AS rec)
 SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), d.f, ` + held + from
@@ -558,7 +558,10 @@ SELECT (SELECT id FROM k), coalesce((SELECT ok FROM l), false), d.f, ` + held + 
 // syncCommit makes the acquire statement's transaction commit
 // synchronously, whatever the session's synchronous_commit, when the WAL
 // flush is behind the token's log record (see tail): the token must reach
-// the disk before the grant returns, or a crash would hand it out again. A server tuned with synchronous_commit
+// the disk before the grant returns, or a crash would hand it out again.
+// The statement's form that adds the owner label's row (see labelled) asks
+// it always: the provider remembers the label as added, so the row must
+// outlive a crash too. A server tuned with synchronous_commit
 // off (or local, which does not wait for a synchronous standby) gets on
 // for this transaction only (set_config's is_local); remote_write and
 // remote_apply are kept. It is set within the statement rather than as a
@@ -676,11 +679,15 @@ func (p *Provider) prepareSQL() {
 // backup restored: each ends every connection of the provider, so the
 // cache is forgotten whenever the provider opens a connection (and when
 // it finds one dead), and an id read by a statement sent before that is
-// not learned (gen).
+// not learned (gen). Through a pooler (AllowPooler) a client connection
+// outlives the server's (the pooler keeps it, and ties it to a new server
+// session), so nothing tells the provider that the server came back:
+// there the cache is off, and every grant finds its key's id by the key.
 //
-// Concurrency: mu guards gen and ids.
+// Concurrency: mu guards gen and ids; off is set before the cache is used.
 type idCache struct {
 	mu  sync.Mutex
+	off bool   // through a pooler: nothing is cached
 	gen uint64 // counts forget calls
 	ids map[string]int32
 }
@@ -688,6 +695,9 @@ type idCache struct {
 // get returns the lock id of key, if a grant found it since the cache was
 // last forgotten.
 func (c *idCache) get(key string) (int32, bool) {
+	if c.off {
+		return 0, false
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	id, ok := c.ids[key]
@@ -708,7 +718,7 @@ func (c *idCache) epoch() uint64 {
 func (c *idCache) learn(key string, id int32, gen uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if gen != c.gen {
+	if c.off || gen != c.gen {
 		return
 	}
 	if _, ok := c.ids[key]; ok {

@@ -300,15 +300,24 @@ func (s *session) end(err error) {
 // nested wait ended): then s is idle, its socket maybe in the poller,
 // which would never hear of the close. So the socket leaves the poller
 // first, and an idle s gets its watcher, which reads the closed socket and
-// ends s; a taker that gives s back later starts it (see put).
+// ends s; a taker that gives s back later starts it (see put). A session
+// that ended meanwhile (its taker, or its watcher, ended it: the server
+// released its locks, and its connection is closed or back in the pool)
+// is left alone. The socket is read under s.mu, before anything can end
+// s and hijack its connection.
 func (s *session) kill(l *lease) {
 	s.mu.Lock()
 	s.leases = slices.DeleteFunc(s.leases, func(m *lease) bool { return m == l })
+	if s.ended {
+		s.mu.Unlock()
+		return
+	}
 	s.tainted, s.killed = true, true
+	nc := s.conn.Conn().PgConn().Conn()
 	s.unpoll()
 	s.watchLocked()
 	s.mu.Unlock()
-	_ = s.conn.Conn().PgConn().Conn().Close()
+	_ = nc.Close()
 }
 
 // remove takes l off s's leases.
