@@ -32,5 +32,12 @@ func FailPoll(p *Provider, errno syscall.Errno) {
 }
 
 // ClosePollSet closes the descriptor of p's epoll set under its reading
-// goroutine, which then ends.
-func ClosePollSet(p *Provider) { _ = p.poller.ep.Close() }
+// goroutine, which then ends. It marks the poller closed first, as close
+// does, so that no add or remove reaches a closed (or reused) descriptor.
+func ClosePollSet(p *Provider) {
+	pl := p.poller
+	pl.mu.Lock()
+	pl.closed = true
+	pl.mu.Unlock()
+	_ = pl.ep.Close()
+}
