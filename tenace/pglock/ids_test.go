@@ -81,9 +81,17 @@ func TestCachedIDForgottenAfterACrash(t *testing.T) {
 	defer func() { _ = held.Release(bg) }()
 	idAfter := srv.MustExec(t, fmt.Sprintf("SELECT id FROM tenace_lock_keys WHERE key = convert_to(%s, 'UTF8')", quote(key)))
 	require.NotEqual(t, idBefore, idAfter, "the key's new row has its old id: the test proves nothing")
+	requireRefusedAfterCrash(t, a, key, "its id %s before the crash, %s after", idBefore, idAfter)
+}
+
+// requireRefusedAfterCrash asks a for key, held by another provider, at
+// once — past the dead connections a's pool may hand out first — and
+// fails t if a is granted it: two providers would hold the key at once.
+func requireRefusedAfterCrash(t *testing.T, a *pglock.Provider, key, why string, args ...any) {
+	t.Helper()
 	var got tenace.LockLease
 	var err error
-	for range 20 { // a's pool may hand out its dead connections first
+	for range 20 {
 		if got, err = a.Acquire(bg, key, tenace.LockAcquireOptions{Timeout: tenace.NoWait}); err == nil {
 			break
 		}
@@ -92,7 +100,7 @@ func TestCachedIDForgottenAfterACrash(t *testing.T) {
 	if got != nil {
 		_ = got.Release(bg)
 	}
-	require.Nil(t, got, "two providers hold the key at once (its id %s before the crash, %s after)", idBefore, idAfter)
+	require.Nil(t, got, "two providers hold the key at once (%s)", fmt.Sprintf(why, args...))
 }
 
 // TestNoIDCachedThroughAPooler: through PgBouncer in session mode
@@ -125,17 +133,7 @@ func TestNoIDCachedThroughAPooler(t *testing.T) {
 	// hands it out, drops a dead one and hands out the next: its clock is
 	// the point.
 	time.Sleep(1500 * time.Millisecond)
-	var got tenace.LockLease
-	for range 20 { // a's pool may hand out its dead connections first
-		if got, err = a.Acquire(bg, key, tenace.LockAcquireOptions{Timeout: tenace.NoWait}); err == nil {
-			break
-		}
-	}
-	require.NoError(t, err)
-	if got != nil {
-		_ = got.Release(bg)
-	}
-	require.Nil(t, got, "two providers hold the key at once")
+	requireRefusedAfterCrash(t, a, key, "through a pooler")
 }
 
 // TestLabelRowSurvivesACrash: the owner label's row, added by a fenced
