@@ -2,6 +2,7 @@ package pglock
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"math"
@@ -614,9 +615,8 @@ func (c *call) statement(key string) (sql string, args []any) {
 		kind = waitNone
 	case c.bounded:
 		kind = waitBounded
-		left := time.Until(c.deadline)
-		c.step = stepped(left)
-		args = append(args, lockTimeout(left))
+		c.step = stepped(time.Until(c.deadline))
+		args = append(args, waitBound{c.deadline})
 	}
 	defer func() {
 		args = c.withOwner(args) // the last parameter
@@ -669,6 +669,17 @@ func lockTimeout(left time.Duration) string {
 	left -= min(left/3, verdictLead)
 	return strconv.FormatInt(min(max(left.Milliseconds(), 1), maxLockTimeout.Milliseconds()), 10)
 }
+
+// waitBound is a bounded statement's $3: lockTimeout of what is left
+// until end when pgx encodes it, which is once the statement is prepared —
+// its first run on a connection asks the server to prepare it first, a
+// round trip that a bound computed before it would not leave for: the
+// server's "held" would come that much past its lead. Only the send and the
+// server's wake-up are left between the bound and the wait's start.
+type waitBound struct{ end time.Time }
+
+// Value is the bound, in milliseconds, as lock_timeout takes it.
+func (b waitBound) Value() (driver.Value, error) { return lockTimeout(time.Until(b.end)), nil }
 
 // maxLockTimeout is the server's largest lock_timeout (an int of
 // milliseconds: about 24.8 days; a variable for tests). A longer Timeout

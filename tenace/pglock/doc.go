@@ -168,8 +168,10 @@
 //
 // A Timeout (on the system clock) is kept by the server and bounded by the
 // client. The acquire statement sets lock_timeout, for its own transaction,
-// to what remains of the Timeout less a third of it, 50 ms at most, so that
-// the server's answer is on its way back by the Timeout; its "lock timeout"
+// to what remains of the Timeout as it is sent (after the round trip that
+// prepares it, on its first run on a connection) less a third of it, 50 ms
+// at most, so that the server's answer is on its way back by the Timeout;
+// its "lock timeout"
 // (SQLSTATE 55P03) is the server saying "held", and the connection goes
 // back to the pool — once the session has dropped the lock if it holds it:
 // a grant that lands as the timeout fires keeps the lock, and the

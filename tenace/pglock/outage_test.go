@@ -53,14 +53,6 @@ func control(d time.Duration) (late func() time.Duration) {
 // start, its wake-up, the loopback, this process's reading — which no
 // provider can avoid.
 func serverControl(t *testing.T, srv *pgtest.Server, d time.Duration) (late func() time.Duration) {
-	return serverControlTrips(t, srv, d, 1)
-}
-
-// serverControlTrips is serverControl for a verdict that comes trips round
-// trips after the server's "held": a set's or a bulkhead waiter's, given
-// once the keys it locked so far are unlocked (one more round trip). The
-// control makes as many, the later ones at once after the first.
-func serverControlTrips(t *testing.T, srv *pgtest.Server, d time.Duration, trips int) (late func() time.Duration) {
 	due := d - min(d/3, pglock.VerdictLead)
 	r := make(chan time.Duration, 1) // the goroutine never blocks on it
 	start := time.Now()
@@ -72,11 +64,6 @@ func serverControlTrips(t *testing.T, srv *pgtest.Server, d time.Duration, trips
 		}
 		defer conn.Close(bg)
 		_, err = conn.Exec(bg, `SELECT pg_sleep(greatest($1::float8 - extract(epoch FROM clock_timestamp() - $2::timestamptz), 0))`, due.Seconds(), start)
-		for range trips - 1 {
-			if err == nil {
-				_, err = conn.Exec(bg, `SELECT 1`)
-			}
-		}
 		if err != nil {
 			r <- -1
 			return
@@ -100,8 +87,13 @@ func serverControlTrips(t *testing.T, srv *pgtest.Server, d time.Duration, trips
 // trips slowed by a loaded machine push its verdict back as they push the
 // call's. It connects before it returns. late is when its last reply came,
 // past d less VerdictLead (a third of d when less), as serverControl's.
+// Its wait's statement is prepared as it connects: a call's bound is set
+// once its statement is prepared (see the test of that,
+// TestTheServersBoundIsSetAfterThePrepare), just before it is sent.
 func serverControlPath(t *testing.T, srv *pgtest.Server, d time.Duration, pre, post int) (late func() time.Duration) {
 	conn, err := pgx.Connect(bg, srv.ConnString())
+	require.NoError(t, err)
+	_, err = conn.Exec(bg, controlSleep, 0.0) // pgx prepares it, and keeps it prepared
 	require.NoError(t, err)
 	due := d - min(d/3, pglock.VerdictLead)
 	r := make(chan time.Duration, 1) // the goroutine never blocks on it
@@ -119,7 +111,7 @@ func serverControlPath(t *testing.T, srv *pgtest.Server, d time.Duration, pre, p
 		trips(pre)
 		left := d - time.Since(start)
 		if err == nil {
-			_, err = conn.Exec(bg, `SELECT pg_sleep($1::float8)`, max(left-min(left/3, pglock.VerdictLead), 0).Seconds())
+			_, err = conn.Exec(bg, controlSleep, max(left-min(left/3, pglock.VerdictLead), 0).Seconds())
 		}
 		trips(post)
 		if err != nil {
@@ -134,6 +126,9 @@ func serverControlPath(t *testing.T, srv *pgtest.Server, d time.Duration, pre, p
 		return l
 	})
 }
+
+// controlSleep is serverControlPath's wait: $1 seconds on the server.
+const controlSleep = `SELECT pg_sleep($1::float8)`
 
 // noReplyOfALoadedMachine reports whether err is ErrNoReply, and fails
 // the test unless the machine explains it: the control reply beside the

@@ -1,12 +1,16 @@
 package pglock_test
 
 import (
+	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"tenace.dev/tenace"
@@ -82,10 +86,15 @@ func hammerBulkhead(t *testing.T, timeout func(g int) time.Duration) {
 //
 // The bound is the subject: the server's "held" is due a lead before the
 // Timeout, and a machine that delays a reply by more than the lead and the
-// allowance turns it into ErrNoReply, as the package doc says. So each
-// caller runs beside a control (serverControl), a reply of the server due
-// at the same moment: ErrNoReply passes only when that reply, too, came at
-// least the allowance late.
+// allowance turns it into ErrNoReply, as the package doc says. Each
+// caller's path: its entry statement, whose bound on the server is set
+// just before it is sent (after pgx prepares it: a round trip); the
+// server's verdict (lock_timeout) in the shared wait; then a round trip
+// that gives back the gate and the slot (givePermitBack), and only then
+// the verdict to Acquire. So each caller runs beside a control on the
+// same path (serverControlPath, no round trip before the wait, one
+// after): ErrNoReply passes only when that control, too, came at least
+// the allowance late.
 func TestABulkheadCallerBehindAWriterIsContentionAtItsTimeout(t *testing.T) {
 	srv := server(t)
 	key := keyOf(t, "k")
@@ -93,12 +102,12 @@ func TestABulkheadCallerBehindAWriterIsContentionAtItsTimeout(t *testing.T) {
 	first := bulkhead(2)
 	first.Timeout = 3 * time.Second // long enough for waitForWaiters to see it wait on a loaded machine
 	p1, p2 := newProvider(t, srv), newProvider(t, srv)
-	late1 := serverControlTrips(t, srv, first.Timeout, 2) // a waiter's verdict comes after its clean-up's round trip
-	r1 := acquireAsync(bg, p1, key, first)                // holds the gate, waits for the writer
+	late1 := serverControlPath(t, srv, first.Timeout, 0, 1) // a waiter's verdict comes after its clean-up's round trip
+	r1 := acquireAsync(bg, p1, key, first)                  // holds the gate, waits for the writer
 	waitForWaiters(t, srv, key, 1)
 	second := bulkhead(2)
 	second.Timeout = 2 * first.Timeout
-	late2 := serverControlTrips(t, srv, second.Timeout, 2)
+	late2 := serverControlPath(t, srv, second.Timeout, 0, 1)
 	start := time.Now()
 	l, err := p2.Acquire(bg, key, second) // waits for the gate, then the writer
 	took := time.Since(start)
@@ -110,6 +119,58 @@ func TestABulkheadCallerBehindAWriterIsContentionAtItsTimeout(t *testing.T) {
 	require.Nil(t, l)
 	if !noReplyOfALoadedMachine(t, err, late2) {
 		require.NoError(t, err, "the caller behind it, after %v", took)
+	}
+	require.NoError(t, w.Release(bg))
+	waitFree(t, srv, key)
+}
+
+// slowPrepare is a tracer that holds back the prepare of each bounded
+// statement (one that sets lock_timeout) by delay: the round trip of a
+// statement's first run on a connection (pgx prepares it then), as slow
+// as a loaded machine makes one.
+type slowPrepare struct{ delay time.Duration }
+
+func (s slowPrepare) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (slowPrepare) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (s slowPrepare) TracePrepareStart(ctx context.Context, _ *pgx.Conn, d pgx.TracePrepareStartData) context.Context {
+	if strings.Contains(d.SQL, "lock_timeout") {
+		time.Sleep(s.delay) // the slow round trip under test, not synchronisation
+	}
+	return ctx
+}
+
+func (slowPrepare) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
+
+// TestTheServersBoundIsSetAfterThePrepare: a bounded call's first
+// statement on a connection is prepared first, a round trip; the server's
+// bound on the wait (lock_timeout) is what is left of the Timeout once
+// that trip is done, so that "held" is still due a lead before the
+// Timeout. Before the fix, the bound was computed before the prepare, and
+// a slow prepare pushed the verdict past the Timeout and the allowance:
+// ErrNoReply from a server that answered as told.
+func TestTheServersBoundIsSetAfterThePrepare(t *testing.T) {
+	srv := server(t)
+	key := keyOf(t, "k")
+	w := mustAcquire(t, newProvider(t, srv), key, writer)
+	cfg, err := pgxpool.ParseConfig(srv.ConnString())
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = slowPrepare{delay: 300 * time.Millisecond} // past the lead and the allowance
+	p, err := pglock.NewWithConfig(bg, cfg)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Close()) }()
+	opts := bulkhead(2)
+	opts.Timeout = 2 * time.Second
+	late := serverControlPath(t, srv, opts.Timeout, 0, 1) // the verdict comes after the clean-up's round trip
+	start := time.Now()
+	l, err := p.Acquire(bg, key, opts)
+	took := time.Since(start)
+	require.Nil(t, l)
+	if !noReplyOfALoadedMachine(t, err, late) {
+		require.NoError(t, err, "after %v", took)
 	}
 	require.NoError(t, w.Release(bg))
 	waitFree(t, srv, key)
