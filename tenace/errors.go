@@ -143,6 +143,7 @@ func (e *LockNotAcquiredError) whoHolds() string {
 // option it bounds, such as redislock's TTL) is returned as it is instead:
 // the caller's mistake, not a failure.
 type UnexpectedError struct {
+	// Err is the provider's error: why the lock was not acquired.
 	Err error
 }
 

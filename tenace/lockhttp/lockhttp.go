@@ -206,6 +206,8 @@ type Holder struct {
 // Waiter is one named waiter of a Key: tenace.WaiterInfo as JSON, its
 // owner given as Holder gives one.
 type Waiter struct {
+	// Owner is the waiter's owner as text, quoted (and OwnerQuoted true)
+	// as Holder.Owner is; then OwnerBase64 is its exact bytes.
 	Owner       string `json:"owner"`
 	OwnerQuoted bool   `json:"owner_quoted,omitempty"`
 	OwnerBase64 string `json:"owner_base64,omitempty"`
