@@ -46,6 +46,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -146,6 +147,7 @@ func Run(t *testing.T, newProvider func(t *testing.T) tenace.LockProvider, caps 
 		{"ContextEndsWhileWaiting", s.ctxEndsWhileWaiting, true},
 		{"BadInput", s.badInput, true},
 		{"GrantAfterRelease", s.grantAfterRelease, true},
+		{"HugeTimeout", s.hugeTimeout, true},
 		{"ReleaseIdempotent", s.releaseIdempotent, true},
 		{"ReleaseRetryable", s.releaseRetryable, true},
 		{"MutualExclusion", s.mutualExclusion, true},
@@ -458,6 +460,71 @@ func (s *suite) grantAfterRelease(t *testing.T) {
 			t.Fatalf("waiter (Timeout %v) after the release = (%v, %v), want a lease", timeout, r.lease, r.err)
 		}
 		mustRelease(t, r.lease)
+	}
+}
+
+// hugeTimeouts are Timeouts longer than any server's own bound on a wait
+// (PostgreSQL's lock_timeout ends at about 24.8 days, for one): each is
+// valid, and waits as long as it says or until the key is granted.
+var hugeTimeouts = []time.Duration{400 * 24 * time.Hour, math.MaxInt64}
+
+// hugeTimeout: a Timeout of any size is a Timeout — math.MaxInt64 too. On
+// a free key it grants at once (exclusive, shared, with permits, a set);
+// on a held key it waits, is granted at the release, and ends with its ctx.
+// A provider that passes the Timeout to its server as is may see it
+// refused there, or overflow it into the past: neither may show.
+func (s *suite) hugeTimeout(t *testing.T) {
+	p := s.newProvider(t)
+	key := s.key(t)
+	var sp tenace.StatsProvider
+	if s.caps.ExactStats {
+		sp = s.stats(t, p)
+	}
+	for _, timeout := range hugeTimeouts {
+		free := []tenace.LockAcquireOptions{{Timeout: timeout}, {Timeout: timeout, TTL: time.Minute}}
+		if s.caps.ReadWrite {
+			free = append(free, tenace.LockAcquireOptions{Timeout: timeout, Shared: true})
+		}
+		if s.caps.Permits {
+			free = append(free, tenace.LockAcquireOptions{Timeout: timeout, Shared: true, Permits: 2})
+		}
+		for _, opts := range free {
+			mustRelease(t, s.mustAcquire(t, p, key, opts))
+		}
+		keys := s.keySet(t, 2)
+		set, err := tenace.AcquireAll(s.ctx(t), p, keys, tenace.LockAcquireOptions{Timeout: timeout})
+		if err != nil || set == nil {
+			t.Fatalf("AcquireAll of free keys with Timeout %v = (%v, %v), want a lease", timeout, set, err)
+		}
+		if err := set.Release(s.ctx(t)); err != nil {
+			t.Fatalf("Release of a set: %v", err)
+		}
+
+		held := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
+		ch := acquireAsync(s.ctx(t), p, key, tenace.LockAcquireOptions{Timeout: timeout})
+		s.waiterCounted(t, sp)
+		select {
+		case r := <-ch:
+			t.Fatalf("a waiter with Timeout %v returned (%v, %v) while the key was held", timeout, r.lease, r.err)
+		default:
+		}
+		mustRelease(t, held)
+		r := s.wait(t, ch, fmt.Sprintf("waiter (Timeout %v) after the release", timeout))
+		if r.err != nil || r.lease == nil {
+			t.Fatalf("waiter (Timeout %v) after the release = (%v, %v), want a lease", timeout, r.lease, r.err)
+		}
+
+		// The lease's holder still holds the key: a waiter with a huge
+		// Timeout ends with its ctx.
+		cctx, cancel := context.WithCancel(context.Background())
+		ch = acquireAsync(cctx, p, key, tenace.LockAcquireOptions{Timeout: timeout})
+		s.waiterCounted(t, sp)
+		cancel()
+		if c := s.wait(t, ch, "cancelled waiter with a huge Timeout"); c.lease != nil || !errors.Is(c.err, context.Canceled) {
+			t.Fatalf("waiter (Timeout %v) whose ctx was cancelled = (%v, %v), want context.Canceled", timeout, c.lease, c.err)
+		}
+		mustRelease(t, r.lease)
+		s.assertFree(t, p, key, fmt.Sprintf("after the waiters with Timeout %v", timeout))
 	}
 }
 
