@@ -28,6 +28,10 @@
 // cover every held key exactly once, hostile keys (invalid UTF-8,
 // "<script>") come back byte for byte, and after Close both are errors.
 //
+// Every provider takes a Timeout of any size: HugeTimeout passes 400 days
+// and math.MaxInt64, longer than any server's own bound on a wait, which
+// must grant a free key at once and wait on a held one.
+//
 // Every provider times a Timeout on LockAcquireOptions.Clock:
 // TimeoutOnClock passes a manual clock set in the real past, which must
 // neither keep a free key from being granted (a clock's deadline is not a
