@@ -618,9 +618,33 @@ func (p *Provider) SupportsShared() bool { return true }
 // noreply.LateReply after the Timeout (with the caller's ctx, at once), so
 // that a try in flight at the Timeout can still bring its reply. timeout is
 // the call's Timeout, for the error that says no answer came within it.
+// timeoutAt is the Timeout's deadline on the system clock when it comes
+// before ctx's (zero otherwise: no Timeout, another clock, or ctx's
+// deadline first): acq ends at it when the timer that cancels acq has run,
+// which on a loaded machine can be hundreds of milliseconds later (ended,
+// timedOut).
 type waitCtx struct {
 	caller, acq, call, try context.Context
 	timeout                time.Duration
+	timeoutAt              time.Time
+}
+
+// ended reports whether the acquire has ended: acq has, or the Timeout's
+// deadline (timeoutAt) has passed, whether or not acq's timer has run.
+func (w waitCtx) ended() bool {
+	return w.acq.Err() != nil || w.pastTimeout()
+}
+
+// timedOut is tenace.TimedOut(caller, acq), with the Timeout counted as
+// ended once its deadline has passed (see ended).
+func (w waitCtx) timedOut() bool {
+	return tenace.TimedOut(w.caller, w.acq) || w.caller.Err() == nil && w.pastTimeout()
+}
+
+// pastTimeout reports whether the Timeout's deadline, on the system clock,
+// has passed.
+func (w waitCtx) pastTimeout() bool {
+	return !w.timeoutAt.IsZero() && !time.Now().Before(w.timeoutAt)
 }
 
 // retrySilence is how long a retry (a try after the server answered

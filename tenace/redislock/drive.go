@@ -9,7 +9,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"tenace.dev/tenace"
 	"tenace.dev/tenace/internal/noreply"
 	"tenace.dev/tenace/internal/provkit"
 )
@@ -59,8 +58,8 @@ type state struct {
 // event is what just happened to a call: a try's outcome (tried), the
 // subscription's failure (subErr), or the end of a wait (woken, or
 // nothing: a confirmation or the fallback timer); and whether the
-// acquire's context (the Timeout or ctx) has ended, and the provider
-// closed.
+// acquire's context (the Timeout or ctx) has ended (waitCtx.ended: the
+// Timeout's deadline has passed), and the provider closed.
 type event struct {
 	tried bool
 	r     reply
@@ -261,7 +260,7 @@ func (p *Provider) drive(w waitCtx, c claim, noWait bool) ([]*lease, error) {
 		// message (or a broken connection, which may have lost one) wakes
 		// the waiter, and the fallback timer covers a message lost anyway.
 		woken, ended, closed := sel.wait()
-		e = event{woken: woken, ended: ended || w.acq.Err() != nil, closed: closed}
+		e = event{woken: woken, ended: ended || w.ended(), closed: closed}
 	}
 }
 
@@ -270,7 +269,7 @@ func (p *Provider) drive(w waitCtx, c claim, noWait bool) ([]*lease, error) {
 func (p *Provider) tryOnce(w waitCtx, c claim, s state, ctx context.Context, woken int) event {
 	sent := time.Now()
 	r, err := c.try(ctx)
-	e := event{tried: true, r: r, err: err, woken: woken, ended: w.acq.Err() != nil}
+	e := event{tried: true, r: r, err: err, woken: woken, ended: w.ended()}
 	if err == nil {
 		return e
 	}
@@ -324,14 +323,14 @@ func (p *Provider) verdict(w waitCtx, c claim, s state, act action, e event) err
 	}
 	// A deadline and the i/o timeout go-redis sets from it fire on
 	// different clocks (a timer, the network poller), so a call can fail
-	// with an i/o timeout a moment before ctx reports its end. Once the
-	// deadline has passed the context ends within moments: wait for it, so
-	// that the caller sees ctx's error (or the Timeout's outcome), not an
-	// i/o error. (The wait is bounded, and the deadlines are the calls'
-	// own: real time.)
-	provkit.AwaitDeadline(w.call)
+	// with an i/o timeout a moment before ctx reports its end. Once ctx's
+	// deadline has passed ctx ends within moments: wait for it, so that the
+	// caller sees ctx's error, not an i/o error. (The wait is bounded, and
+	// the deadline is the call's own: real time.) The Timeout's deadline is
+	// not waited for: it is read from the clock (waitCtx.timedOut), since
+	// the timer that ends acq at it can run long after it.
 	provkit.AwaitDeadline(w.caller)
-	return precedence(w.caller.Err(), tenace.TimedOut(w.caller, w.acq), failure, timedOut)
+	return precedence(w.caller.Err(), w.timedOut(), failure, timedOut)
 }
 
 // precedence is what a call that ends without a lease returns: ctx's

@@ -205,6 +205,9 @@ func (p *Provider) waitContexts(ctx context.Context, opts tenace.LockAcquireOpti
 	if d, ok := actx.Deadline(); ok && opts.Timeout > 0 {
 		try, cancelTry := context.WithDeadline(ctx, d.Add(noreply.LateReply))
 		w.try = try
+		if cd, ok := ctx.Deadline(); !ok || cd.After(d) {
+			w.timeoutAt = d
+		}
 		return w, func() { cancelTry(); cancel() }
 	}
 	return w, cancel
