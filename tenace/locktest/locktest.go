@@ -446,10 +446,7 @@ func (s *suite) badInput(t *testing.T) {
 func (s *suite) grantAfterRelease(t *testing.T) {
 	p := s.newProvider(t)
 	key := s.key(t)
-	var sp tenace.StatsProvider
-	if s.caps.ExactStats {
-		sp = s.stats(t, p)
-	}
+	sp := s.statsIfExact(t, p)
 	for _, timeout := range append([]time.Duration{0, time.Hour}, hugeTimeouts...) {
 		held := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
 		ch := acquireAsync(s.ctx(t), p, key, tenace.LockAcquireOptions{Timeout: timeout})
@@ -482,10 +479,7 @@ var hugeTimeouts = []time.Duration{400 * 24 * time.Hour, math.MaxInt64}
 func (s *suite) hugeTimeout(t *testing.T) {
 	p := s.newProvider(t)
 	key := s.key(t)
-	var sp tenace.StatsProvider
-	if s.caps.ExactStats {
-		sp = s.stats(t, p)
-	}
+	sp := s.statsIfExact(t, p)
 	for _, timeout := range hugeTimeouts {
 		free := []tenace.LockAcquireOptions{{Timeout: timeout}, {Timeout: timeout, TTL: time.Minute}}
 		if s.caps.ReadWrite {
@@ -693,10 +687,7 @@ func (s *suite) noLeak(t *testing.T) {
 func (s *suite) cancelRacingGrant(t *testing.T) {
 	p := s.newProvider(t)
 	key := s.key(t)
-	var sp tenace.StatsProvider
-	if s.caps.ExactStats {
-		sp = s.stats(t, p)
-	}
+	sp := s.statsIfExact(t, p)
 	granted, gaveUp := 0, 0
 	for i := range 50 {
 		held := s.mustAcquire(t, p, key, tenace.LockAcquireOptions{})
@@ -804,6 +795,16 @@ func (s *suite) stats(t *testing.T, p tenace.LockProvider) tenace.StatsProvider 
 		t.Fatalf("%T does not implement tenace.StatsProvider", p)
 	}
 	return sp
+}
+
+// statsIfExact is p as a StatsProvider when the provider promises exact
+// statistics (ExactStats), else nil: what waiterCounted takes.
+func (s *suite) statsIfExact(t *testing.T, p tenace.LockProvider) tenace.StatsProvider {
+	t.Helper()
+	if !s.caps.ExactStats {
+		return nil
+	}
+	return s.stats(t, p)
 }
 
 // eventually waits, within WaitBound, for cond: for a state the provider
@@ -1191,9 +1192,7 @@ func (s *suite) close(t *testing.T) {
 	// arrives after Close; with ExactStats, Close waits until it is counted,
 	// so that the queued case is the one checked.
 	ch := acquireAsync(s.ctx(t), p, key, tenace.LockAcquireOptions{})
-	if s.caps.ExactStats {
-		s.waiterCounted(t, s.stats(t, p))
-	}
+	s.waiterCounted(t, s.statsIfExact(t, p))
 	closed := make(chan error, 1) // one result, never blocks the goroutine
 	go func() { closed <- c.Close() }()
 	r := s.wait(t, ch, "a caller waiting when Close was called")
